@@ -1,0 +1,1 @@
+"""GGUF import, graph IR, passes, lowering to TVM and the artifact writer."""

@@ -1,0 +1,50 @@
+"""Write an artifact directory atomically: kernels.so, weights.bin (page-aligned), tokenizer.json, manifest.json."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from ..fsutil import sha256_file
+from ..runtime.artifact import FORMAT, FORMAT_VERSION, KERNELS, MANIFEST, PAGE, TOKENIZER, WEIGHTS
+from .lower import ParamSpec
+
+
+def write_weights(path: Path, params: Iterable[tuple[ParamSpec, np.ndarray]]) -> list[dict[str, Any]]:
+    """Append each array at the next page boundary; return the manifest's parameter table."""
+    table = []
+    offset = 0
+    with open(path, "wb") as f:
+        for spec, arr in params:
+            pad = -offset % PAGE
+            f.write(b"\0" * pad)
+            offset += pad
+            data = np.ascontiguousarray(arr).tobytes()
+            f.write(data)
+            table.append(
+                {
+                    "name": spec.name,
+                    "dtype": spec.dtype,
+                    "shape": list(spec.shape),
+                    "offset": offset,
+                    "nbytes": len(data),
+                    "sources": list(spec.sources),
+                    "qtype": spec.qtype,
+                    "component": spec.component,
+                }
+            )
+            offset += len(data)
+        f.write(b"\0" * (-offset % PAGE))
+    return table
+
+
+def write_manifest(out: Path, manifest: dict[str, Any]) -> None:
+    """Record every file's checksum and write the manifest last (inside the not-yet-renamed directory)."""
+    files = {name: sha256_file(out / name) for name in (KERNELS, WEIGHTS, TOKENIZER)}
+    full = {"format": FORMAT, "format_version": FORMAT_VERSION, "created_unix": int(time.time()), **manifest}
+    full["files"] = files
+    (out / MANIFEST).write_text(json.dumps(full, indent=1))

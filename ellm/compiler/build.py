@@ -1,0 +1,127 @@
+"""`ellm compile`: GGUF -> graph -> passes -> TVM kernels + Relax VM -> artifact directory (atomically)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .. import __version__
+from ..config import ModelConfig
+from ..errors import EllmError
+from ..fsutil import atomic_directory
+from ..models import resolve_model
+from ..runtime.artifact import KERNELS, TOKENIZER, WEIGHTS
+from ..runtime.tokenizer import Tokenizer
+from ..targets import compute_features, resolve_target
+from .artifact import write_manifest, write_weights
+from .gguf_file import GGUFFile
+from .graph import Graph
+from .import_llama import KV_DTYPES, import_llama
+from .lower import ENTRIES, lower
+from .pack_weights import pack_params
+from .pipeline import pass_names, run_pipeline
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    target: str = "auto"  # a preset name or "auto"
+    kv_dtype: str = "float16"
+    disable_passes: tuple[str, ...] = ()
+    tuning_db: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.kv_dtype not in KV_DTYPES:
+            raise EllmError(f"unsupported KV cache type {self.kv_dtype!r} (supported: {', '.join(KV_DTYPES)})")
+        unknown = set(self.disable_passes) - set(pass_names())
+        if unknown:
+            raise EllmError(f"unknown pass(es) {sorted(unknown)}; passes are: {', '.join(pass_names())}")
+
+
+@dataclass
+class CompileReport:
+    path: Path
+    seconds: float
+    kernels: int
+    artifact_bytes: int
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def build_graph(gf: GGUFFile, cfg: ModelConfig, options: CompileOptions) -> tuple[Graph, Graph]:
+    """(imported graph, optimised graph)."""
+    g0 = import_llama(gf, cfg, options.kv_dtype)
+    return g0, run_pipeline(g0, disable=options.disable_passes)
+
+
+def compile_model(
+    model: str | Path | None,
+    out_dir: str | Path,
+    options: CompileOptions = CompileOptions(),
+    force: bool = False,
+    log: Callable[[str], None] = lambda s: None,
+) -> CompileReport:
+    import tvm
+    from tvm import relax
+
+    t_start = time.perf_counter()
+    timings: dict[str, float] = {}
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not force:
+        raise EllmError(f"{out_dir} already exists (pass --force to replace it)")
+    model_path = resolve_model(model)
+    gf = GGUFFile(model_path)
+    cfg = ModelConfig.from_gguf(gf)
+    tokenizer = Tokenizer.from_gguf(gf)
+    preset = resolve_target(options.target)
+    g0, g = build_graph(gf, cfg, options)
+    log(f"model {model_path.name}: {cfg.arch}, {cfg.n_layers} layers, target {preset.name}")
+
+    knob_lookup = None
+    if options.tuning_db is not None:
+        from ..autotune import TuningDatabase
+
+        knob_lookup = TuningDatabase.open(options.tuning_db).lookup_for(preset.name)
+
+    t = time.perf_counter()
+    lowered = lower(g, preset, knob_lookup)
+    timings["lower"] = time.perf_counter() - t
+    t = time.perf_counter()
+    executable = tvm.compile(lowered.mod, target=preset.tvm_target(), relax_pipeline=relax.pipeline.default_build_pipeline())
+    timings["tvm_compile"] = time.perf_counter() - t
+    log(f"compiled {len(lowered.kernels)} kernels in {timings['tvm_compile']:.1f}s")
+
+    with atomic_directory(out_dir, replace=force) as tmp:
+        t = time.perf_counter()
+        executable.export_library(str(tmp / KERNELS))
+        timings["link"] = time.perf_counter() - t
+        t = time.perf_counter()
+        table = write_weights(tmp / WEIGHTS, pack_params(gf, lowered.params))
+        timings["pack_weights"] = time.perf_counter() - t
+        (tmp / TOKENIZER).write_text(tokenizer.to_json())
+        t = time.perf_counter()
+        manifest = {
+            "ellm_version": __version__,
+            "tvm_version": tvm.__version__,
+            "source": {"file": model_path.name, "sha256": gf.sha256(), "bytes": gf.file_size},
+            "config": cfg.to_dict(),
+            "target": {
+                "preset": preset.name,
+                "tvm": preset.target_json(),
+                "required_cpu_features": compute_features(preset.llvm_features),
+            },
+            "kv_cache": {"dtype": options.kv_dtype, "layout": "[n_layers, n_kv_heads, ctx, head_dim]"},
+            "entries": [{"name": e.name, "tokens": e.m, "logits": "last" if e.last_only else "all"} for e in ENTRIES],
+            "graph": {
+                "passes": [p for p in pass_names() if p not in options.disable_passes],
+                "ops_imported": dict(g0.op_counts()),
+                "ops": dict(g.op_counts()),
+            },
+            "kernels": [{"name": k.name, "rule": k.rule, "knobs": k.knobs, "request": k.request} for k in lowered.kernels],
+            "params": table,
+            "tokenizer": tokenizer.info.to_dict(),
+        }
+        write_manifest(tmp, manifest)
+        timings["manifest"] = time.perf_counter() - t
+    size = sum(p.stat().st_size for p in out_dir.iterdir())
+    return CompileReport(out_dir, time.perf_counter() - t_start, len(lowered.kernels), size, timings)

@@ -1,0 +1,224 @@
+"""The graph IR: a networkx DiGraph of typed op nodes, with shapes and dtypes, that passes rewrite."""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterator
+
+import networkx as nx
+
+from ..quant import FORMATS, QuantType
+
+# The number of new tokens in a step is symbolic in the graph; lowering binds it.
+T = "T"
+
+
+class OpKind(str, enum.Enum):
+    INPUT = "input"  # tokens [T], positions, KV cache
+    EMBEDDING = "embedding"  # [T] ids -> [T, d_model]
+    RMSNORM = "rmsnorm"
+    MATMUL = "matmul"  # y = x @ W.T (+ bias); W packed, dequantised inside the kernel
+    ROPE = "rope"
+    KV_APPEND = "kv_append"  # write K, V rows at positions pos..pos+T-1 of one layer's cache
+    ATTENTION = "attention"  # causal GQA over the cache
+    SILU_MUL = "silu_mul"
+    ADD = "add"
+    LM_HEAD = "lm_head"  # the vocabulary projection (a matmul, kept distinct for entry points)
+    ROPE_KV_APPEND = "rope_kv_append"  # fused: rotate q and k, append k and v, emit rotated q
+
+
+@dataclass(frozen=True)
+class TensorType:
+    shape: tuple[int | str, ...]
+    dtype: str = "float32"
+
+    @property
+    def width(self) -> int:
+        """Size of the last (feature) dimension."""
+        return int(self.shape[-1])
+
+
+@dataclass(frozen=True)
+class Use:
+    """An op input: output `index` of node `src`, optionally only columns [start, stop) of it."""
+
+    src: str
+    cols: tuple[int, int] | None = None
+    index: int = 0
+
+
+@dataclass(frozen=True)
+class WeightRef:
+    """A packed weight of `rows` x `cols`, the row-concatenation of GGUF tensors `sources`."""
+
+    name: str
+    qtype: QuantType
+    rows: int
+    cols: int
+    sources: tuple[str, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return FORMATS[self.qtype].row_bytes(self.cols) * self.rows
+
+
+@dataclass(frozen=True)
+class VectorRef:
+    """A float32 vector parameter (norm gain, bias), the concatenation of GGUF tensors `sources`."""
+
+    name: str
+    size: int
+    sources: tuple[str, ...]
+
+
+def attrs(**kw: Any) -> tuple[tuple[str, Any], ...]:
+    """Op attributes in canonical (sorted) order, so equal ops compare and hash equal."""
+    return tuple(sorted(kw.items()))
+
+
+@dataclass(frozen=True)
+class Op:
+    kind: OpKind
+    outs: tuple[TensorType, ...]
+    inputs: tuple[Use, ...] = ()
+    weight: WeightRef | None = None
+    vectors: tuple[tuple[str, VectorRef], ...] = ()  # role -> vector ("norm", "bias")
+    attrs: tuple[tuple[str, Any], ...] = ()
+    layer: int | None = None
+
+    @property
+    def out(self) -> TensorType:
+        return self.outs[0]
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        return dict(self.attrs).get(name, default)
+
+    def vector(self, role: str) -> VectorRef | None:
+        return dict(self.vectors).get(role)
+
+    def with_attrs(self, **kw: Any) -> Op:
+        merged = dict(self.attrs)
+        merged.update(kw)
+        return replace(self, attrs=tuple(sorted(merged.items())))
+
+
+@dataclass
+class Graph:
+    """Op nodes keyed by name; edges run producer -> consumer. Node order of insertion is kept."""
+
+    g: nx.DiGraph = field(default_factory=nx.DiGraph)
+    outputs: list[str] = field(default_factory=list)
+
+    # --- construction and rewriting -------------------------------------------------------
+    def add(self, name: str, op: Op) -> str:
+        if name in self.g:
+            raise ValueError(f"duplicate node {name}")
+        for u in op.inputs:
+            if u.src not in self.g:
+                raise ValueError(f"{name}: unknown input {u.src}")
+        self.g.add_node(name, op=op)
+        for u in op.inputs:
+            self.g.add_edge(u.src, name)
+        return name
+
+    def op(self, name: str) -> Op:
+        return self.g.nodes[name]["op"]
+
+    def set_op(self, name: str, op: Op) -> None:
+        """Replace a node's op, rewiring its input edges."""
+        for u in op.inputs:
+            if u.src not in self.g:
+                raise ValueError(f"{name}: unknown input {u.src}")
+        for src in list(self.g.predecessors(name)):
+            self.g.remove_edge(src, name)
+        self.g.nodes[name]["op"] = op
+        for u in op.inputs:
+            self.g.add_edge(u.src, name)
+
+    def remove(self, name: str) -> None:
+        if any(True for _ in self.g.successors(name)):
+            raise ValueError(f"cannot remove {name}: it still has consumers")
+        self.g.remove_node(name)
+
+    def consumers(self, name: str) -> list[str]:
+        return list(self.g.successors(name))
+
+    def replace_uses(self, old: str, new: str, *, cols_offset: int | None = None, index: int | None = None) -> None:
+        """Point every use of `old` at `new`.
+
+        With `cols_offset`, `old`'s output is the columns of `new`'s output starting there; with
+        `index`, it is `new`'s output number `index`.
+        """
+        for c in self.consumers(old):
+            op = self.op(c)
+            ins = []
+            for u in op.inputs:
+                if u.src != old:
+                    ins.append(u)
+                elif cols_offset is not None:
+                    width = self.op(old).outs[u.index].width
+                    start, stop = u.cols if u.cols else (0, width)
+                    ins.append(Use(new, (cols_offset + start, cols_offset + stop)))
+                else:
+                    ins.append(Use(new, u.cols, u.index if index is None else index))
+            self.set_op(c, replace(op, inputs=tuple(ins)))
+        self.outputs = [new if o == old else o for o in self.outputs]
+
+    # --- queries ---------------------------------------------------------------------------
+    def nodes(self) -> Iterator[tuple[str, Op]]:
+        """Nodes in a topological order that keeps insertion order where dependencies allow."""
+        order = {n: i for i, n in enumerate(self.g.nodes)}
+        for n in nx.lexicographical_topological_sort(self.g, key=lambda n: order[n]):
+            yield n, self.op(n)
+
+    def names(self, kind: OpKind | None = None) -> list[str]:
+        """A snapshot of node names (topological), optionally of one kind: safe to iterate while rewriting."""
+        return [n for n, op in self.nodes() if kind is None or op.kind is kind]
+
+    def input_type(self, use: Use) -> TensorType:
+        t = self.op(use.src).outs[use.index]
+        if use.cols is None:
+            return t
+        return TensorType(t.shape[:-1] + (use.cols[1] - use.cols[0],), t.dtype)
+
+    def copy(self) -> Graph:
+        return Graph(self.g.copy(), list(self.outputs))
+
+    def check(self) -> None:
+        """Structural invariants every pass must keep."""
+        if not nx.is_directed_acyclic_graph(self.g):
+            raise AssertionError("graph has a cycle")
+        for name, op in self.nodes():
+            preds = set(self.g.predecessors(name))
+            if preds != {u.src for u in op.inputs}:
+                raise AssertionError(f"{name}: edges {preds} disagree with inputs {op.inputs}")
+            for u in op.inputs:
+                if not 0 <= u.index < len(self.op(u.src).outs):
+                    raise AssertionError(f"{name}: output {u.index} of {u.src} does not exist")
+                if u.cols is not None:
+                    w = self.op(u.src).outs[u.index].width
+                    if not 0 <= u.cols[0] < u.cols[1] <= w:
+                        raise AssertionError(f"{name}: column slice {u.cols} outside width {w} of {u.src}")
+        for o in self.outputs:
+            if o not in self.g:
+                raise AssertionError(f"output {o} is not a node")
+
+    # --- summaries -------------------------------------------------------------------------
+    def op_counts(self) -> Counter:
+        return Counter(op.kind.value for _, op in self.nodes() if op.kind is not OpKind.INPUT)
+
+    def weights(self) -> list[WeightRef]:
+        seen: dict[str, WeightRef] = {}
+        for _, op in self.nodes():
+            if op.weight is not None:
+                seen.setdefault(op.weight.name, op.weight)
+        return list(seen.values())
+
+    def vector_params(self) -> list[VectorRef]:
+        seen: dict[str, VectorRef] = {}
+        for _, op in self.nodes():
+            for _, v in op.vectors:
+                seen.setdefault(v.name, v)
+        return list(seen.values())

@@ -1,0 +1,203 @@
+"""Lower the graph to one Relax module: per entry point, one VM function whose body is a call_tir per op."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import tvm
+from tvm import relax, tirx
+
+from ..quant import FORMATS
+from ..schedules import KernelRequest, select_rule
+from ..targets import TargetPreset
+from .graph import Graph, Op, OpKind, TensorType, Use
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A VM function: `m` new tokens (None: any number) returning logits of all of them or of the last."""
+
+    name: str
+    m: int | None
+    last_only: bool
+
+
+ENTRIES: tuple[Entry, ...] = (
+    Entry("prefill_all", None, False),  # teacher-forced logits, verification
+    Entry("prefill", None, True),  # prompt chunks
+    Entry("decode", 1, True),  # one token
+)
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One tensor of the `params` tuple: a packed weight component or a float32 vector."""
+
+    name: str  # "<weight>:<component>" or "<vector>"
+    dtype: str
+    shape: tuple[int, ...]
+    sources: tuple[str, ...]  # GGUF tensors (row-)concatenated into it
+    qtype: str | None  # weight format, None for vectors
+    component: str | None
+
+
+@dataclass
+class KernelInfo:
+    name: str
+    rule: str
+    knobs: dict[str, int]
+    request: dict[str, Any]
+
+
+@dataclass
+class Lowered:
+    mod: Any  # tvm.IRModule
+    params: list[ParamSpec]
+    kernels: list[KernelInfo] = field(default_factory=list)
+
+
+KnobLookup = Callable[[KernelRequest, str], Mapping[str, int] | None]
+
+
+def param_specs(g: Graph) -> list[ParamSpec]:
+    specs: list[ParamSpec] = []
+    seen: set[str] = set()
+    for _, op in g.nodes():
+        if op.weight is not None and op.weight.name not in seen:
+            seen.add(op.weight.name)
+            w = op.weight
+            fmt = FORMATS[w.qtype]
+            for c in fmt.components:
+                shape = fmt.component_shape(c, w.rows, w.cols)
+                specs.append(ParamSpec(f"{w.name}:{c.name}", c.dtype, shape, w.sources, w.qtype.name, c.name))
+        for _, v in op.vectors:
+            if v.name not in seen:
+                seen.add(v.name)
+                specs.append(ParamSpec(v.name, "float32", (v.size,), v.sources, None, None))
+    return specs
+
+
+def _rtype(t: TensorType, T, C) -> relax.TensorType:
+    dims = [T if d == "T" else C if d == "C" else int(d) for d in t.shape]
+    return relax.TensorType(dims, t.dtype)
+
+
+class _Lowering:
+    def __init__(self, g: Graph, target: TargetPreset, knob_lookup: KnobLookup | None):
+        self.g, self.target, self.knob_lookup = g, target, knob_lookup
+        self.bb = relax.BlockBuilder()
+        self.params = param_specs(g)
+        self.param_index = {p.name: i for i, p in enumerate(self.params)}
+        self.kernels: dict[tuple, tuple[Any, KernelInfo]] = {}
+
+    # --- kernels --------------------------------------------------------------------------
+    def kernel(self, req: KernelRequest):
+        rule = select_rule(req, self.target)
+        given = self.knob_lookup(req, rule.name) if self.knob_lookup else None
+        knobs = rule.resolve_knobs(req, self.target, given)
+        key = (rule.name, req, tuple(sorted(knobs.items())))
+        if key not in self.kernels:
+            name = req.key()
+            func = rule.build(req, self.target, knobs).with_attr("global_symbol", name)
+            gv = self.bb.add_func(func, name)
+            self.kernels[key] = (gv, KernelInfo(name, rule.name, knobs, req.describe()))
+        return self.kernels[key][0]
+
+    def request(self, op: Op, m: int | None, **extra_attrs) -> KernelRequest:
+        attrs = dict(op.attrs)
+        attrs.update(extra_attrs)
+        w = op.weight
+        return KernelRequest(
+            kind=op.kind,
+            m=m,
+            in_types=tuple(self.g.op(u.src).outs[u.index] for u in op.inputs),
+            in_cols=tuple(u.cols for u in op.inputs),
+            out_types=op.outs,
+            qtype=w.qtype if w is not None else None,
+            weight_shape=(w.rows, w.cols) if w is not None else None,
+            vectors=tuple(r for r, _ in op.vectors),
+            attrs=tuple(sorted(attrs.items())),
+        )
+
+    # --- one entry point -------------------------------------------------------------------
+    def function(self, entry: Entry) -> None:
+        bb, g = self.bb, self.g
+        T = tirx.Var("T", "int64") if entry.m is None else entry.m
+        C = tirx.Var("C", "int64")
+        cache_t = g.op("kv_cache").out
+        tokens = relax.Var("tokens", relax.TensorType([T], "int32"))
+        pos = relax.Var("pos", tvm.ir.PrimType("int64"))  # position of the first new token
+        rope = relax.Var("rope", relax.TensorType([C, self._rope_dim()], "float32"))  # [ctx, cos | sin]
+        kc = relax.Var("k_cache", _rtype(cache_t, T, C))
+        vc = relax.Var("v_cache", _rtype(cache_t, T, C))
+        params = relax.Var(
+            "params", relax.TupleType([relax.TensorType(list(p.shape), p.dtype) for p in self.params])
+        )
+        with bb.function(entry.name, [tokens, pos, rope, kc, vc, params]):
+            with bb.dataflow():
+                env: dict[tuple[str, int], Any] = {("tokens", 0): tokens, ("kv_cache", 0): (kc, vc)}
+                getp = lambda name: bb.emit(relax.TupleGetItem(params, self.param_index[name]))  # noqa: E731
+                for name, op in g.nodes():
+                    if op.kind is OpKind.INPUT:
+                        continue
+                    last = entry.last_only and op.kind is OpKind.LM_HEAD
+                    m = 1 if last else entry.m
+                    req = self.request(op, m, last_row=True) if last else self.request(op, m)
+                    outs = self.emit(op, req, env, getp, T, C, pos, rope)
+                    for i, v in enumerate(outs):
+                        env[(name, i)] = v
+                (out,) = g.outputs
+                logits = bb.emit_output(env[(out, 0)])
+            bb.emit_func_output(logits)
+
+    def _rope_dim(self) -> int:
+        for _, op in self.g.nodes():
+            if op.kind in (OpKind.ROPE, OpKind.ROPE_KV_APPEND):
+                return int(op.attr("rope_dim"))
+        raise AssertionError("graph has no rope op")
+
+    def emit(self, op: Op, req: KernelRequest, env, getp, T, C, pos, rope) -> list:
+        bb = self.bb
+        gv = self.kernel(req)
+        ins = [env[(u.src, u.index)] for u in op.inputs]
+        outs = [_rtype(t, T if req.m is None else req.m, C) for t in op.outs]
+        layer = relax.prim_value(tirx.IntImm("int64", op.layer if op.layer is not None else 0))
+        weights = []
+        if op.weight is not None:
+            weights = [getp(f"{op.weight.name}:{c.name}") for c in FORMATS[op.weight.qtype].components]
+        vectors = [getp(v.name) for _, v in op.vectors]
+        k = op.kind
+        if k is OpKind.EMBEDDING:
+            return [bb.emit(relax.call_tir(gv, [ins[0], *weights], outs[0]))]
+        if k in (OpKind.MATMUL, OpKind.LM_HEAD):
+            # kernel params: x, [residual], *weight, [norm], [bias]
+            args = [ins[0], *ins[1:], *weights, *vectors]
+            return [bb.emit(relax.call_tir(gv, args, outs[0]))]
+        if k in (OpKind.RMSNORM, OpKind.SILU_MUL, OpKind.ADD):
+            return [bb.emit(relax.call_tir(gv, [*ins, *vectors], outs[0]))]
+        if k is OpKind.ROPE:
+            return [bb.emit(relax.call_tir(gv, [ins[0], rope, pos], outs[0]))]
+        if k is OpKind.KV_APPEND:
+            (kc, vc), k_in, v_in = ins
+            res = bb.emit(relax.call_tir_inplace(gv, [kc, vc, k_in, v_in, pos, layer], [0, 1], [outs[0], outs[0]]))
+            return [(bb.emit(relax.TupleGetItem(res, 0)), bb.emit(relax.TupleGetItem(res, 1)))]
+        if k is OpKind.ROPE_KV_APPEND:
+            (kc, vc), qkv = ins
+            cache_ty = outs[1]
+            res = bb.emit(
+                relax.call_tir_inplace(gv, [kc, vc, qkv, rope, pos, layer], [0, 1, -1], [cache_ty, cache_ty, outs[0]])
+            )
+            cache = (bb.emit(relax.TupleGetItem(res, 0)), bb.emit(relax.TupleGetItem(res, 1)))
+            return [bb.emit(relax.TupleGetItem(res, 2)), cache]
+        if k is OpKind.ATTENTION:
+            q, (kc, vc) = ins
+            return [bb.emit(relax.call_tir(gv, [q, kc, vc, pos, layer], outs[0]))]
+        raise AssertionError(f"cannot lower {k}")
+
+
+def lower(g: Graph, target: TargetPreset, knob_lookup: KnobLookup | None = None, entries=ENTRIES) -> Lowered:
+    lw = _Lowering(g, target, knob_lookup)
+    for e in entries:
+        lw.function(e)
+    return Lowered(lw.bb.get(), lw.params, [info for _, info in lw.kernels.values()])

@@ -1,0 +1,143 @@
+"""Model hyper-parameters: one frozen, validated config built from GGUF metadata in exactly one place."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from .errors import GGUFError
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE position scaling: `none`, or `linear` (positions divided by `factor`)."""
+
+    kind: str = "none"
+    factor: float = 1.0
+    original_ctx: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("none", "linear"):
+            raise GGUFError(f"unsupported RoPE scaling type {self.kind!r} (supported: none, linear)")
+        if not self.factor > 0:
+            raise GGUFError(f"RoPE scaling factor must be positive, got {self.factor}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyper-parameters of a llama-family decoder."""
+
+    arch: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    d_ff: int
+    vocab_size: int
+    ctx_train: int
+    rms_eps: float
+    rope_base: float
+    rope_dim: int
+    rope_neox: bool  # rotate (i, i + rope_dim/2) pairs; False rotates adjacent (2i, 2i+1) pairs
+    rope_scaling: RopeScaling
+    rope_freq_factors: tuple[float, ...]  # per-pair divisors of the RoPE frequencies (llama 3.1), or ()
+    attn_bias: bool  # Q, K, V projections carry a bias (qwen2)
+    tied_embeddings: bool  # the LM head reuses token_embd.weight
+
+    def __post_init__(self) -> None:
+        for f in ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "vocab_size", "ctx_train"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or v <= 0:
+                raise GGUFError(f"model config: {f} must be a positive integer, got {v!r}")
+        if self.arch not in SUPPORTED_ARCHITECTURES:
+            raise GGUFError(
+                f"unsupported architecture {self.arch!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+            )
+        if self.n_heads % self.n_kv_heads:
+            raise GGUFError(f"model config: {self.n_heads} heads is not a multiple of {self.n_kv_heads} KV heads")
+        if self.head_dim % 2 or self.rope_dim % 2 or not 0 < self.rope_dim <= self.head_dim:
+            raise GGUFError(f"model config: bad head_dim {self.head_dim} / rope_dim {self.rope_dim}")
+        if not self.rms_eps > 0 or not self.rope_base > 0:
+            raise GGUFError("model config: rms_eps and rope_base must be positive")
+        if self.rope_freq_factors and len(self.rope_freq_factors) != self.rope_dim // 2:
+            raise GGUFError(
+                f"model config: {len(self.rope_freq_factors)} RoPE frequency factors for {self.rope_dim // 2} pairs"
+            )
+
+    # --- derived sizes -------------------------------------------------------------------
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def group_size(self) -> int:
+        return self.n_heads // self.n_kv_heads
+
+    def kv_bytes_per_token(self, kv_itemsize: int) -> int:
+        """Bytes of K and V cache written per token over all layers."""
+        return 2 * self.n_layers * self.kv_dim * kv_itemsize
+
+    # --- (de)serialisation for the artifact manifest --------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        d = dict(d)
+        d["rope_scaling"] = RopeScaling(**d["rope_scaling"])
+        d["rope_freq_factors"] = tuple(d.get("rope_freq_factors", ()))
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    @classmethod
+    def from_gguf(cls, gf) -> ModelConfig:
+        """The one place GGUF metadata becomes hyper-parameters."""
+        arch = gf.require("general.architecture")
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise GGUFError(f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+
+        def key(name: str, default: Any = None) -> Any:
+            return gf.get(f"{arch}.{name}", default) if default is not None else gf.require(f"{arch}.{name}")
+
+        d_model = int(key("embedding_length"))
+        n_heads = int(key("attention.head_count"))
+        n_kv = int(key("attention.head_count_kv", n_heads))
+        head_dim = int(key("attention.key_length", d_model // n_heads))
+        if int(key("attention.value_length", head_dim)) != head_dim:
+            raise GGUFError("unsupported model: key and value head sizes differ")
+        if not gf.has("token_embd.weight"):
+            raise GGUFError(f"{gf.path}: tensor token_embd.weight is missing")
+        vocab = int(gf.get(f"{arch}.vocab_size", 0)) or gf.info("token_embd.weight").rows
+
+        scaling_type = str(gf.get(f"{arch}.rope.scaling.type", "none"))
+        scaling = RopeScaling(
+            kind=scaling_type,
+            factor=float(gf.get(f"{arch}.rope.scaling.factor", 1.0)) if scaling_type != "none" else 1.0,
+            original_ctx=int(gf.get(f"{arch}.rope.scaling.original_context_length", 0)),
+        )
+        return cls(
+            arch=arch,
+            n_layers=int(key("block_count")),
+            d_model=d_model,
+            n_heads=n_heads,
+            n_kv_heads=n_kv,
+            head_dim=head_dim,
+            d_ff=int(key("feed_forward_length")),
+            vocab_size=vocab,
+            ctx_train=int(key("context_length")),
+            rms_eps=float(key("attention.layer_norm_rms_epsilon")),
+            rope_base=float(key("rope.freq_base", 10000.0)),
+            rope_dim=int(key("rope.dimension_count", head_dim)),
+            rope_neox=arch == "qwen2",
+            rope_scaling=scaling,
+            rope_freq_factors=tuple(float(x) for x in gf.vector("rope_freqs.weight")) if gf.has("rope_freqs.weight") else (),
+            attn_bias=arch == "qwen2",
+            tied_embeddings=not gf.has("output.weight"),
+        )

@@ -1,0 +1,30 @@
+"""User-facing errors: one clear line for a person, exit status 2, never a traceback."""
+
+from __future__ import annotations
+
+EXIT_USER_ERROR = 2
+
+
+class EllmError(Exception):
+    """An error caused by the user's input or environment (bad file, wrong CPU, ...).
+
+    The CLI prints ``error: <message>`` on one line and exits with status 2.
+    """
+
+    exit_code = EXIT_USER_ERROR
+
+    def __init__(self, message: str):
+        # Messages are shown verbatim on one line.
+        super().__init__(" ".join(str(message).split()))
+
+
+class GGUFError(EllmError):
+    """The GGUF file is missing, truncated, malformed or uses something unsupported."""
+
+
+class ArtifactError(EllmError):
+    """The compiled artifact is missing, tampered with, or built for another CPU."""
+
+
+class ContextOverflowError(EllmError):
+    """A prompt (plus requested generation) does not fit in the context window."""

@@ -1,0 +1,79 @@
+"""Atomic file and directory writes: a reader sees the old state or the complete new one, never a half."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+@contextmanager
+def atomic_directory(final: str | Path, replace: bool = False) -> Iterator[Path]:
+    """Yield a fresh temporary sibling directory; on success it becomes `final` in one rename.
+
+    On any error (or interrupt) the temporary directory is removed and `final` is untouched.
+    With `replace`, an existing `final` is swapped out and removed after the new one is in place.
+    """
+    final = Path(final).absolute()
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent))
+    try:
+        yield tmp
+        for p in tmp.iterdir():
+            if p.is_file():
+                with open(p, "rb") as f:
+                    os.fsync(f.fileno())
+        fsync_dir(tmp)
+        old = None
+        if final.exists():
+            if not replace:
+                raise FileExistsError(final)
+            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".old", dir=final.parent))
+            os.rmdir(old)
+            os.replace(final, old)
+        os.replace(tmp, final)
+        fsync_dir(final.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -1,0 +1,117 @@
+"""Row-wise kernels: embedding lookup (fused dequant), RMSNorm, SiLU*mul, add. Parallel over tokens, vectorised along rows."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import tvm
+from tvm import te
+
+from ..compiler.graph import OpKind
+from ..quant import FORMATS
+from ..targets import TargetPreset
+from .dequant import dequant, split_k, split_row_loop, weight_placeholders
+from .matmul import token_dim
+from .rule import KernelRequest, Knob, Rule
+from .vecmath import sigmoid_f32
+
+
+def _rowwise_schedule(func, block: str, lanes: int, unroll: int = 1):
+    """Parallel over the token loop, vectorise the (split) feature loop of `block`."""
+    sch = tvm.s_tir.Schedule(func)
+    b = sch.get_sblock(block)
+    loops = sch.get_loops(b)
+    sch.parallel(loops[0])
+    inner = loops[-1]
+    if unroll > 1:
+        _, u, v = sch.split(inner, [None, unroll, lanes])
+        sch.unroll(u)
+    else:
+        _, v = sch.split(inner, [None, lanes])
+    sch.vectorize(v)
+    return sch.mod["main"]
+
+
+class EmbeddingRule(Rule):
+    name = "embedding"
+
+    def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
+        return req.kind is OpKind.EMBEDDING
+
+    def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
+        fmt = FORMATS[req.qtype]
+        vocab, dim = req.weight_shape
+        M = token_dim(req)
+        tokens = te.placeholder((M,), "int32", name="tokens")
+        w = weight_placeholders(fmt, vocab, dim)
+        out = te.compute((M, dim), lambda t, c: dequant(fmt, w, tokens[t], *split_k(fmt, c)), name="embed")
+        sch = tvm.s_tir.Schedule(te.create_prim_func([tokens, *w.values(), out]))
+        block = sch.get_sblock("embed")
+        sch.parallel(sch.get_loops(block)[0])
+        split_row_loop(sch, block, fmt)
+        return sch.mod["main"]
+
+
+class RmsNormRule(Rule):
+    name = "rmsnorm"
+    knobs = (Knob("unroll", 1, (1, 2, 4), "vectors per unrolled step of the normalise loop"),)
+
+    def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
+        return req.kind is OpKind.RMSNORM and req.in_cols[0] is None
+
+    def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
+        M, K = token_dim(req), req.in_types[0].width
+        eps = float(req.attr("eps"))
+        x = te.placeholder((M, K), "float32", name="x")
+        g = te.placeholder((K,), "float32", name="norm")
+        k = te.reduce_axis((0, K), "k")
+        ss = te.compute((M,), lambda t: te.sum(x[t, k] * x[t, k], axis=k), name="sumsq")
+        rstd = te.compute((M,), lambda t: 1.0 / te.sqrt(ss[t] / float(K) + eps), name="rstd")
+        out = te.compute((M, K), lambda t, c: x[t, c] * rstd[t] * g[c], name="out")
+        func = _rowwise_schedule(te.create_prim_func([x, g, out]), "out", target.f32_lanes, knobs["unroll"])
+        sch = tvm.s_tir.Schedule(func)
+        t = sch.get_loops(sch.get_sblock("out"))[0]
+        sch.compute_at(sch.get_sblock("rstd"), t)
+        sch.compute_at(sch.get_sblock("sumsq"), t)
+        return sch.mod["main"]
+
+
+def _cols(req: KernelRequest, i: int) -> int:
+    c = req.in_cols[i]
+    return c[0] if c else 0
+
+
+class SiluMulRule(Rule):
+    name = "silu_mul"
+    knobs = (Knob("unroll", 1, (1, 2, 4), "vectors per unrolled step"),)
+
+    def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
+        return req.kind is OpKind.SILU_MUL
+
+    def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
+        M, F = token_dim(req), req.out_types[0].width
+        g = te.placeholder((M, req.in_types[0].width), "float32", name="gate")
+        u = te.placeholder((M, req.in_types[1].width), "float32", name="up")
+        g0, u0 = _cols(req, 0), _cols(req, 1)
+
+        def silu_mul(t, c):
+            a = g[t, g0 + c]
+            return a * sigmoid_f32(a) * u[t, u0 + c]
+
+        out = te.compute((M, F), silu_mul, name="out")
+        return _rowwise_schedule(te.create_prim_func([g, u, out]), "out", target.f32_lanes, knobs["unroll"])
+
+
+class AddRule(Rule):
+    name = "add"
+    knobs = (Knob("unroll", 1, (1, 2, 4), "vectors per unrolled step"),)
+
+    def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
+        return req.kind is OpKind.ADD and req.in_cols == (None, None)
+
+    def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
+        M, D = token_dim(req), req.out_types[0].width
+        a = te.placeholder((M, D), "float32", name="a")
+        b = te.placeholder((M, D), "float32", name="b")
+        out = te.compute((M, D), lambda t, c: a[t, c] + b[t, c], name="out")
+        return _rowwise_schedule(te.create_prim_func([a, b, out]), "out", target.f32_lanes, knobs["unroll"])

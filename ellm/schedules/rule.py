@@ -1,0 +1,94 @@
+"""Schedule rules: each says whether it applies to a kernel request and builds a tunable TIR kernel."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping
+
+from ..compiler.graph import OpKind, TensorType
+from ..quant import QuantType
+from ..targets import TargetPreset
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A schedule parameter. Every knob changes the generated code (tests/test_schedule_knobs.py)."""
+
+    name: str
+    default: int
+    choices: tuple[int, ...]
+    doc: str
+
+
+@dataclass(frozen=True)
+class KernelRequest:
+    """One op as lowering asks for it: types of the tensors it reads and writes, with the step's token count bound.
+
+    `m` is the token count: an int for a static shape, None for a symbolic one (prefill chunks).
+    `in_cols` gives, per input, the column slice read from that tensor (None: all of it).
+    """
+
+    kind: OpKind
+    m: int | None
+    in_types: tuple[TensorType, ...]
+    in_cols: tuple[tuple[int, int] | None, ...]
+    out_types: tuple[TensorType, ...]
+    qtype: QuantType | None = None
+    weight_shape: tuple[int, int] | None = None  # (rows N, cols K)
+    vectors: tuple[str, ...] = ()  # roles of vector parameters present: "norm", "bias"
+    attrs: tuple[tuple[str, Any], ...] = ()
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        return dict(self.attrs).get(name, default)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind.value,
+            "m": self.m,
+            "in": [[list(map(str, t.shape)), t.dtype] for t in self.in_types],
+            "in_cols": [list(c) if c else None for c in self.in_cols],
+            "out": [[list(map(str, t.shape)), t.dtype] for t in self.out_types],
+            "qtype": self.qtype.name if self.qtype is not None else None,
+            "weight": list(self.weight_shape) if self.weight_shape else None,
+            "vectors": list(self.vectors),
+            "attrs": {k: v for k, v in self.attrs},
+        }
+
+    def key(self) -> str:
+        """A stable, readable kernel name: what it computes plus a digest of the exact request."""
+        parts = [self.kind.value]
+        if self.qtype is not None:
+            parts.append(self.qtype.name.lower())
+        if self.weight_shape:
+            parts.append(f"{self.weight_shape[0]}x{self.weight_shape[1]}")
+        parts.append(f"m{self.m}" if self.m is not None else "mT")
+        digest = hashlib.sha1(json.dumps(self.describe(), sort_keys=True).encode()).hexdigest()[:8]
+        return "_".join(parts + [digest])
+
+
+class Rule(ABC):
+    """A family of kernels. `build` with `default_knobs` is the default schedule."""
+
+    name: ClassVar[str]
+    knobs: ClassVar[tuple[Knob, ...]] = ()
+
+    @abstractmethod
+    def applies(self, req: KernelRequest, target: TargetPreset) -> bool: ...
+
+    @abstractmethod
+    def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
+        """The scheduled kernel: a `tvm.tirx.PrimFunc` whose parameters are (inputs..., params..., outputs...)."""
+
+    def default_knobs(self, req: KernelRequest, target: TargetPreset) -> dict[str, int]:
+        return {k.name: k.default for k in self.knobs}
+
+    def resolve_knobs(self, req: KernelRequest, target: TargetPreset, given: Mapping[str, int] | None) -> dict[str, int]:
+        knobs = self.default_knobs(req, target)
+        for k, v in (given or {}).items():
+            if k not in knobs:
+                raise ValueError(f"rule {self.name} has no knob {k!r} (knobs: {sorted(knobs)})")
+            knobs[k] = int(v)
+        return knobs
