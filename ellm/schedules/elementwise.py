@@ -12,22 +12,20 @@ from ..quant import FORMATS
 from ..targets import TargetPreset
 from .dequant import dequant, split_k, split_row_loop, weight_placeholders
 from .matmul import token_dim
-from .rule import KernelRequest, Knob, Rule
+from .rule import KernelRequest, Rule
 from .vecmath import sigmoid_f32
 
 
-def _rowwise_schedule(func, block: str, lanes: int, unroll: int = 1):
-    """Parallel over the token loop, vectorise the (split) feature loop of `block`."""
+def _rowwise_schedule(func, block: str, lanes: int):
+    """Parallel over the token loop, vectorise the (split) feature loop of `block`.
+
+    These kernels have no knobs: LLVM already unrolls the short vector loop, so an unroll knob left
+    the generated code unchanged (tests/test_schedule_knobs.py would flag it).
+    """
     sch = tvm.s_tir.Schedule(func)
-    b = sch.get_sblock(block)
-    loops = sch.get_loops(b)
+    loops = sch.get_loops(sch.get_sblock(block))
     sch.parallel(loops[0])
-    inner = loops[-1]
-    if unroll > 1:
-        _, u, v = sch.split(inner, [None, unroll, lanes])
-        sch.unroll(u)
-    else:
-        _, v = sch.split(inner, [None, lanes])
+    _, v = sch.split(loops[-1], [None, lanes])
     sch.vectorize(v)
     return sch.mod["main"]
 
@@ -54,7 +52,6 @@ class EmbeddingRule(Rule):
 
 class RmsNormRule(Rule):
     name = "rmsnorm"
-    knobs = (Knob("unroll", 1, (1, 2, 4), "vectors per unrolled step of the normalise loop"),)
 
     def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
         return req.kind is OpKind.RMSNORM and req.in_cols[0] is None
@@ -68,7 +65,7 @@ class RmsNormRule(Rule):
         ss = te.compute((M,), lambda t: te.sum(x[t, k] * x[t, k], axis=k), name="sumsq")
         rstd = te.compute((M,), lambda t: 1.0 / te.sqrt(ss[t] / float(K) + eps), name="rstd")
         out = te.compute((M, K), lambda t, c: x[t, c] * rstd[t] * g[c], name="out")
-        func = _rowwise_schedule(te.create_prim_func([x, g, out]), "out", target.f32_lanes, knobs["unroll"])
+        func = _rowwise_schedule(te.create_prim_func([x, g, out]), "out", target.f32_lanes)
         sch = tvm.s_tir.Schedule(func)
         t = sch.get_loops(sch.get_sblock("out"))[0]
         sch.compute_at(sch.get_sblock("rstd"), t)
@@ -83,7 +80,6 @@ def _cols(req: KernelRequest, i: int) -> int:
 
 class SiluMulRule(Rule):
     name = "silu_mul"
-    knobs = (Knob("unroll", 1, (1, 2, 4), "vectors per unrolled step"),)
 
     def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
         return req.kind is OpKind.SILU_MUL
@@ -99,12 +95,11 @@ class SiluMulRule(Rule):
             return a * sigmoid_f32(a) * u[t, u0 + c]
 
         out = te.compute((M, F), silu_mul, name="out")
-        return _rowwise_schedule(te.create_prim_func([g, u, out]), "out", target.f32_lanes, knobs["unroll"])
+        return _rowwise_schedule(te.create_prim_func([g, u, out]), "out", target.f32_lanes)
 
 
 class AddRule(Rule):
     name = "add"
-    knobs = (Knob("unroll", 1, (1, 2, 4), "vectors per unrolled step"),)
 
     def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
         return req.kind is OpKind.ADD and req.in_cols == (None, None)
@@ -114,4 +109,4 @@ class AddRule(Rule):
         a = te.placeholder((M, D), "float32", name="a")
         b = te.placeholder((M, D), "float32", name="b")
         out = te.compute((M, D), lambda t, c: a[t, c] + b[t, c], name="out")
-        return _rowwise_schedule(te.create_prim_func([a, b, out]), "out", target.f32_lanes, knobs["unroll"])
+        return _rowwise_schedule(te.create_prim_func([a, b, out]), "out", target.f32_lanes)

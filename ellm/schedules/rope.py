@@ -47,7 +47,7 @@ class RopeRule(Rule):
         W, c0 = req.in_types[0].width, _col0(req, 0)
 
         @T.prim_func
-        def rope(x_h: T.handle, tab_h: T.handle, out_h: T.handle, pos: T.int64):
+        def rope(x_h: T.handle, tab_h: T.handle, pos: T.int64, out_h: T.handle):
             T.func_attr({"tirx.noalias": True})
             n, C = T.int64(), T.int64()
             x = T.match_buffer(x_h, (n, W), "float32")  # [T, W], heads at columns c0..

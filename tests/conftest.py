@@ -1,0 +1,60 @@
+"""Shared fixtures: the default model, one compiled artifact per session, the float64 reference."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+sys.path.insert(0, str(Path(__file__).parent))
+
+THREADS = min(2, os.cpu_count() or 1)
+
+
+@pytest.fixture(scope="session")
+def model_path() -> Path:
+    from ellm.models import default_model_path
+
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def artifact(tmp_path_factory, model_path) -> Path:
+    from ellm.compiler.build import CompileOptions, compile_model
+
+    out = tmp_path_factory.mktemp("artifacts") / "smollm2"
+    compile_model(model_path, out, CompileOptions(target="auto"))
+    return out
+
+
+@pytest.fixture(scope="session")
+def engine(artifact):
+    import ellm
+
+    return ellm.load(artifact, threads=THREADS, ctx_size=2048)
+
+
+@pytest.fixture(scope="session")
+def reference(model_path):
+    """The float64 model with K and V rounded through float16, as the engine's default cache stores them."""
+    from reference import NumpyLlama
+
+    return NumpyLlama(model_path, kv_dtype="float16")
+
+
+@pytest.fixture(scope="session")
+def real_text() -> str:
+    """A long real English text that every install has: the Apache License 2.0 shipped with apache-tvm."""
+    import tvm
+
+    return (Path(tvm.__file__).parent / "LICENSE").read_text()
+
+
+@pytest.fixture(scope="session")
+def real_ids(engine, real_text) -> list[int]:
+    ids = engine.tokenizer.encode(real_text)
+    assert len(ids) >= 1000
+    return ids

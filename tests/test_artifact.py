@@ -1,0 +1,79 @@
+"""The artifact: manifest contents, page-aligned weights mapped without copies, loading without compiling."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ellm.fsutil import sha256_file
+from ellm.runtime.artifact import PAGE, Artifact
+
+
+@pytest.fixture(scope="module")
+def manifest(artifact):
+    return json.loads((artifact / "manifest.json").read_text())
+
+
+def test_manifest_records_source_target_and_files(manifest, artifact, model_path):
+    assert manifest["format"] == "ellm-artifact" and manifest["format_version"] == 1
+    assert manifest["source"]["sha256"] == sha256_file(model_path)
+    assert manifest["config"]["n_layers"] == 30 and manifest["config"]["arch"] == "llama"
+    assert manifest["target"]["tvm"]["kind"] == "llvm" and manifest["target"]["tvm"]["mcpu"]
+    assert "avx2" in manifest["target"]["required_cpu_features"]
+    assert {k["rule"] for k in manifest["kernels"]} >= {"gemv", "gemm", "attention", "rope_kv_append", "embedding"}
+    assert set(manifest["files"]) == {"kernels.so", "weights.bin", "tokenizer.json"}
+    for name, digest in manifest["files"].items():
+        assert sha256_file(artifact / name) == digest
+
+
+def test_weights_are_page_aligned_and_packed_4_bit(manifest, artifact):
+    size = (artifact / "weights.bin").stat().st_size
+    assert size % PAGE == 0
+    for p in manifest["params"]:
+        assert p["offset"] % PAGE == 0
+        assert p["offset"] + p["nbytes"] <= size
+    qs = [p for p in manifest["params"] if p["qtype"] == "Q4_1" and p["component"] == "qs"]
+    assert all(p["nbytes"] * 2 == np.prod(p["shape"]) * 2 for p in qs)  # 2 weights per byte
+    ffn = next(p for p in qs if p["name"].startswith("blk.0.ffn_gate+ffn_up"))
+    assert ffn["shape"] == [3072, 288]  # 3072 rows, 576 weights each in 288 bytes
+
+
+def test_params_are_mapped_not_copied(engine):
+    import tvm
+
+    arrays = engine.artifact.map_params()
+    assert isinstance(arrays[0].base, np.memmap) or isinstance(arrays[0], np.memmap)
+    t = tvm.runtime.from_dlpack(arrays[5])
+    assert np.from_dlpack(t).ctypes.data == arrays[5].ctypes.data
+
+
+def test_loading_never_compiles(artifact, monkeypatch):
+    import tvm
+
+    import ellm
+
+    def no_compile(*a, **k):
+        raise AssertionError("load must not compile")
+
+    monkeypatch.setattr(tvm, "compile", no_compile)
+    monkeypatch.setattr(tvm.relax, "build", no_compile)
+    eng = ellm.load(artifact, threads=1, ctx_size=64)
+    assert eng.generate(eng.tokenizer.encode("Hello"), 2, stop_at_eog=False)
+
+
+def test_cpu_check_names_missing_features(artifact):
+    from ellm.errors import ArtifactError
+
+    art = Artifact.open(artifact, verify=False, check_cpu=False)
+    with pytest.raises(ArtifactError, match="avx2"):
+        art.check_cpu(host_flags={"sse2", "sse4_1"})
+    art.check_cpu(host_flags={"avx2", "avx512f", "avx512_vnni", *"avx fma f16c bmi1 bmi2 abm movbe popcnt sse4_1 sse4_2".split(),
+                              "avx512bw", "avx512dq", "avx512vl", "avx512cd", "avx512ifma", "avx512vbmi", "avx512_vbmi2",
+                              "avx512_bitalg", "avx512_vpopcntdq", "avx512_bf16", "gfni", "vaes", "vpclmulqdq"})
+
+
+def test_kv_cache_is_persistent_and_sized_by_ctx(engine):
+    cfg = engine.config
+    assert engine.kv_bytes() == 2 * cfg.n_layers * cfg.n_kv_heads * engine.ctx_size * cfg.head_dim * 2

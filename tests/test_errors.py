@@ -1,0 +1,139 @@
+"""Bad inputs get one clear line on stderr, exit status 2, no traceback, and nothing written half-way."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from gguf import GGMLQuantizationType as G
+from synthetic import write_model
+
+from ellm.targets import host_cpuinfo_flags
+
+
+def ellm(*args, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ellm", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+def assert_user_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in proc.stderr
+    for f in fragments:
+        assert f in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return write_model(tmp_path_factory.mktemp("m") / "tiny.gguf")
+
+
+@pytest.fixture(scope="module")
+def tiny_artifact(tmp_path_factory, tiny) -> Path:
+    out = tmp_path_factory.mktemp("a") / "tiny"
+    proc = ellm("compile", tiny, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def test_truncated_gguf(tmp_path, tiny):
+    bad = tmp_path / "cut.gguf"
+    bad.write_bytes(tiny.read_bytes()[: tiny.stat().st_size // 2])
+    out = tmp_path / "out"
+    assert_user_error(ellm("compile", bad, "-o", out), "truncated")
+    assert not out.exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_truncated_header(tmp_path, tiny):
+    bad = tmp_path / "cut.gguf"
+    bad.write_bytes(tiny.read_bytes()[:100])
+    assert_user_error(ellm("compile", bad, "-o", tmp_path / "out"), "truncated or corrupt")
+
+
+def test_wrong_magic(tmp_path, tiny):
+    bad = tmp_path / "magic.gguf"
+    bad.write_bytes(b"GGML" + tiny.read_bytes()[4:])
+    assert_user_error(ellm("compile", bad, "-o", tmp_path / "out"), "not a GGUF file")
+
+
+def test_missing_model_file(tmp_path):
+    assert_user_error(ellm("compile", tmp_path / "nope.gguf", "-o", tmp_path / "out"), "not found")
+
+
+def test_unsupported_tensor_type(tmp_path):
+    bad = write_model(tmp_path / "q5k.gguf", types={"up": G.Q5_K})
+    out = tmp_path / "out"
+    assert_user_error(ellm("compile", bad, "-o", out), "unsupported tensor type Q5_K", "blk.0.ffn_up.weight")
+    assert not out.exists()
+
+
+def test_unsupported_architecture(tmp_path):
+    bad = write_model(tmp_path / "falcon.gguf", arch="falcon")
+    assert_user_error(ellm("compile", bad, "-o", tmp_path / "out"), "unsupported architecture 'falcon'")
+
+
+def test_existing_output_needs_force(tmp_path, tiny):
+    out = tmp_path / "exists"
+    out.mkdir()
+    assert_user_error(ellm("compile", tiny, "-o", out), "already exists")
+
+
+def test_tampered_artifact_file(tmp_path, tiny_artifact):
+    art = tmp_path / "art"
+    shutil.copytree(tiny_artifact, art)
+    weights = art / "weights.bin"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 3] ^= 0x40
+    weights.write_bytes(bytes(data))
+    assert_user_error(ellm("run", art, "-p", "hi", "-n", "1"), "weights.bin", "checksum")
+
+
+def test_artifact_missing_file(tmp_path, tiny_artifact):
+    art = tmp_path / "art"
+    shutil.copytree(tiny_artifact, art)
+    (art / "kernels.so").unlink()
+    assert_user_error(ellm("run", art, "-p", "hi"), "kernels.so", "missing")
+
+
+def test_not_an_artifact(tmp_path):
+    assert_user_error(ellm("run", tmp_path, "-p", "hi"), "not an eLLM artifact")
+
+
+def test_artifact_for_missing_cpu_feature(tmp_path, tiny):
+    """Compiled for Sapphire Rapids (AMX), refused here with the missing features named."""
+    if {"amx_tile", "amx_int8"} <= host_cpuinfo_flags():
+        pytest.skip("this CPU has AMX")
+    out = tmp_path / "spr"
+    proc = ellm("compile", tiny, "-o", out, "--target", "sapphirerapids")
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert "amx-int8" in manifest["target"]["required_cpu_features"]
+    assert_user_error(ellm("run", out, "-p", "hi"), "sapphirerapids", "amx")
+
+
+def test_prompt_longer_than_context(tiny_artifact):
+    assert_user_error(ellm("run", tiny_artifact, "-p", "the " * 200, "--ctx-size", "32"), "context", "32")
+
+
+def test_unknown_target(tmp_path, tiny):
+    assert_user_error(ellm("compile", tiny, "-o", tmp_path / "x", "--target", "pentium4"), "unknown target")
+
+
+def test_interrupted_compile_leaves_nothing(tmp_path, tiny, monkeypatch):
+    """An exception while writing the artifact removes the partial directory."""
+    from ellm.compiler import build
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(build, "write_manifest", boom)
+    out = tmp_path / "art"
+    with pytest.raises(KeyboardInterrupt):
+        build.compile_model(tiny, out, build.CompileOptions())
+    assert list(tmp_path.iterdir()) == []

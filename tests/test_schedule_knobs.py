@@ -1,0 +1,55 @@
+"""Every knob of every rule changes the generated code, and the defaults are what `default_knobs` says."""
+
+from __future__ import annotations
+
+import pytest
+from kernels import PRESET, TARGET, matmul_request
+
+import tvm
+from ellm.compiler.graph import OpKind, TensorType
+from ellm.quant import QuantType
+from ellm.schedules import RULES, KernelRequest, select_rule
+
+REQUESTS = {
+    "gemv": matmul_request(QuantType.Q4_1, 256, 512, m=1),
+    "gemm": matmul_request(QuantType.Q4_1, 192, 512, m=None),
+    "rmsnorm": KernelRequest(OpKind.RMSNORM, None, (TensorType(("T", 512)),), (None,), (TensorType(("T", 512)),), attrs=(("eps", 1e-5),)),
+    "silu_mul": KernelRequest(OpKind.SILU_MUL, None, (TensorType(("T", 512)),) * 2, (None, None), (TensorType(("T", 512)),)),
+    "add": KernelRequest(OpKind.ADD, None, (TensorType(("T", 512)),) * 2, (None, None), (TensorType(("T", 512)),)),
+    "attention": KernelRequest(
+        OpKind.ATTENTION,
+        None,
+        (TensorType(("T", 256)), TensorType((2, 2, "C", 64), "float16")),
+        (None, None),
+        (TensorType(("T", 256)),),
+        attrs=(("n_heads", 4),),
+    ),
+}
+CASES = [(rule, knob, choice) for rule in RULES for knob in rule.knobs for choice in knob.choices if choice != knob.default]
+
+
+def _asm(rule, knobs) -> str:
+    req = REQUESTS[rule.name]
+    func = rule.build(req, PRESET, rule.resolve_knobs(req, PRESET, knobs))
+    return tvm.compile(func, target=TARGET).mod.inspect_source("asm")
+
+
+def test_every_rule_with_knobs_has_a_request():
+    assert {r.name for r in RULES if r.knobs} <= set(REQUESTS)
+
+
+def test_requests_select_their_rule():
+    for name, req in REQUESTS.items():
+        assert select_rule(req, PRESET).name == name
+
+
+@pytest.mark.parametrize("rule,knob,choice", CASES, ids=lambda x: getattr(x, "name", str(x)))
+def test_knob_changes_generated_code(rule, knob, choice):
+    assert knob.default in knob.choices
+    assert _asm(rule, {knob.name: choice}) != _asm(rule, {})
+
+
+def test_unknown_knob_is_rejected():
+    rule = select_rule(REQUESTS["gemv"], PRESET)
+    with pytest.raises(ValueError, match="no knob"):
+        rule.resolve_knobs(REQUESTS["gemv"], PRESET, {"tile_q": 3})
