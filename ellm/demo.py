@@ -11,10 +11,7 @@ from .errors import ArtifactError, EllmError
 from .models import default_model_path
 from .fsutil import sha256_file
 
-QUESTION = (
-    "According to section 4 of this license, what must you do with the NOTICE file when you "
-    "redistribute the Work? Answer in one or two sentences."
-)
+QUESTION = "Is the software provided with a warranty?"
 
 
 def cache_root() -> Path:
@@ -62,7 +59,12 @@ def run_demo(threads: int | None = None, n_predict: int = 96, target: str = "aut
     eng = Engine.load(art, threads=threads)
     doc_path = demo_document()
     doc = doc_path.read_text()
-    prompt = eng.tokenizer.apply_chat_template([{"role": "user", "content": f"{doc}\n\n{QUESTION}"}])
+    # The question before and after the document: small models attend most to the end of the prompt.
+    content = (
+        f"Read the document below, then answer this question: {QUESTION}\n\n---\n{doc}\n---\n\n"
+        f"Question: {QUESTION}\nAnswer in one sentence."
+    )
+    prompt = eng.tokenizer.apply_chat_template([{"role": "user", "content": content}])
     ids = eng.tokenizer.encode(prompt)
     print(f"document: {doc_path} ({len(doc):,d} characters)")
     print(f"question: {QUESTION}")

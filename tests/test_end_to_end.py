@@ -1,11 +1,16 @@
 """The compiled model against the float64 NumPy reference, on real text, through the public API.
 
-Error bound. Logits are compared with eps = 0.05. The engine computes in float32 with a float16 KV
-cache; the reference rounds K and V through float16 the same way, so what remains is float32
-arithmetic. This model amplifies float32 rounding: the reference's own code run with float32
-weights and activations moves logits by about 0.02 from float64 on this text, and the engine
-measured 0.018. eps = 0.05 leaves 2.5x headroom over both. Against exact (unrounded) K/V the
-float16 cache adds its own rounding (2**-11 relative per element): measured 0.034, bound 0.1.
+Error bounds (max |logit difference| over 300 tokens of real text; logits are about 10-30):
+
+* float32 arithmetic, eps = 2e-3. With a float32 KV cache the engine's only error is float32
+  rounding (unit roundoff 6e-8) in ~60 residual updates of 30 layers, amplified by norms and
+  softmax: measured 3.0e-4 here and 3.5e-4 over 2,400 tokens. 2e-3 leaves 6x headroom.
+* the default float16 KV cache, eps = 0.05 against a reference that rounds K and V through float16
+  too. Rounding is discontinuous: an element within float32 error of a float16 rounding boundary can
+  land on the neighbouring float16 value (2**-11 relative), so differences grow with the number of
+  cached elements: measured 0.018 at 300 tokens (0.08 at 2,400). Against exact K/V: measured 0.034,
+  bound 0.1.
+Top-1 tokens must agree wherever the reference's top-2 margin exceeds the bound.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+EPS_F32 = 2e-3
 EPS = 0.05
 EPS_EXACT_KV = 0.1
 N_TOKENS = 300
@@ -50,11 +56,27 @@ def test_top1_matches_reference_where_margin_exceeds_bound(eng_logits, ref_logit
     assert (eng_logits.argmax(1)[decided] == ref_logits.argmax(1)[decided]).all()
 
 
-def test_logits_against_exact_kv_reference(model_path, eng_logits, text_ids):
+@pytest.fixture(scope="module")
+def exact_ref_logits(model_path, text_ids):
     from reference import NumpyLlama
 
-    exact = NumpyLlama(model_path, kv_dtype=None).forward(text_ids)
-    assert np.abs(eng_logits - exact).max() <= EPS_EXACT_KV
+    return NumpyLlama(model_path, kv_dtype=None).forward(text_ids)
+
+
+def test_logits_against_exact_kv_reference(eng_logits, exact_ref_logits):
+    assert np.abs(eng_logits - exact_ref_logits).max() <= EPS_EXACT_KV
+
+
+def test_float32_cache_matches_float64_to_float32_rounding(tmp_path_factory, model_path, text_ids, exact_ref_logits):
+    import ellm
+    from ellm.compiler.build import CompileOptions, compile_model
+
+    art = compile_model(model_path, tmp_path_factory.mktemp("f32") / "a", CompileOptions(kv_dtype="float32")).path
+    got = ellm.load(art, threads=2, ctx_size=512).logits(text_ids)
+    assert np.abs(got - exact_ref_logits).max() <= EPS_F32
+    top2 = np.sort(exact_ref_logits, axis=1)[:, -2:]
+    decided = (top2[:, 1] - top2[:, 0]) > EPS_F32
+    assert (got.argmax(1)[decided] == exact_ref_logits.argmax(1)[decided]).all()
 
 
 def _uneven_chunks(n: int) -> list[int]:
