@@ -1,4 +1,4 @@
-"""The `ellm` command line: compile, run, inspect, demo, targets."""
+"""The `ellm` command line: compile, run, inspect, tune, demo, targets."""
 
 from __future__ import annotations
 
@@ -58,6 +58,21 @@ def _read_prompt(a: argparse.Namespace) -> str:
         raise EllmError(f"cannot read prompt file {a.file}: {e.strerror}") from None
 
 
+def prefill_progress():
+    """A progress callback for long prompts: a status line on stderr (terminals only), after the first second."""
+    import time
+
+    start = time.perf_counter()
+
+    def progress(done: int, total: int) -> None:
+        if not sys.stderr.isatty() or time.perf_counter() - start < 1.0:
+            return
+        end = "\n" if done == total else ""
+        print(f"\rprefill {done:,d}/{total:,d} tokens", end=end, file=sys.stderr, flush=True)
+
+    return progress
+
+
 def generate_and_report(eng, text: str, a: argparse.Namespace) -> int:
     """Tokenize (with the chat template if asked), generate, and print text or JSON."""
     tok = eng.tokenizer
@@ -79,7 +94,7 @@ def generate_and_report(eng, text: str, a: argparse.Namespace) -> int:
         sys.stdout.flush()
         printed = text_now
 
-    new = eng.generate(ids, a.n_predict, temperature=a.temp, seed=a.seed, on_token=on_token)
+    new = eng.generate(ids, a.n_predict, temperature=a.temp, seed=a.seed, on_token=on_token, progress=prefill_progress())
     st = eng.stats
     text_out = tok.decode([x for x in new if not tok.is_eog(x)])
     if a.json:
@@ -135,6 +150,17 @@ def cmd_targets(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(a: argparse.Namespace) -> int:
+    from .autotune.tuner import Workload, tune_model
+
+    db = tune_model(
+        a.model, a.output, target=a.target, budget=a.budget, threads=a.threads,
+        workload=Workload(tokens=a.tokens, ctx=a.ctx), log=print,
+    )
+    print(f"wrote {a.output} ({len(db.records())} kernels)", file=sys.stderr)
+    return 0
+
+
 def cmd_demo(a: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -177,6 +203,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("targets", help="show the detected CPU and the target presets")
     t.set_defaults(func=cmd_targets)
+
+    tu = sub.add_parser("tune", help="search schedule knobs for this CPU; write a tuning database for `compile --tuning-db`")
+    tu.add_argument("model", nargs="?", help="GGUF file (default: the bundled model)")
+    tu.add_argument("-o", "--output", required=True, help="tuning database (JSON; existing records are kept if faster)")
+    tu.add_argument("--target", default="auto")
+    tu.add_argument("--budget", type=_positive_int, default=8, help="configurations timed per kernel")
+    tu.add_argument("--threads", type=_positive_int, default=None)
+    tu.add_argument("--tokens", type=_positive_int, default=256, help="prefill chunk the kernels are timed at")
+    tu.add_argument("--ctx", type=_positive_int, default=4096, help="context the attention kernels are timed at")
+    tu.set_defaults(func=cmd_tune)
 
     d = sub.add_parser("demo", help="compile the bundled model (cached) and answer a question about a long document")
     d.add_argument("--threads", type=_positive_int, default=None)

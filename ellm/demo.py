@@ -69,12 +69,13 @@ def run_demo(threads: int | None = None, n_predict: int = 96, target: str = "aut
     print(f"document: {doc_path} ({len(doc):,d} characters)")
     print(f"question: {QUESTION}")
     print(f"prompt:   {len(ids):,d} tokens, {eng.threads} threads, context {eng.ctx_size}\n")
-    print("answer:   ", end="", flush=True)
     printed = ""
     out: list[int] = []
 
     def on_token(t: int) -> None:
         nonlocal printed
+        if not out:
+            print("answer:   ", end="", flush=True)
         out.append(t)
         text = eng.tokenizer.decode([x for x in out if not eng.tokenizer.is_eog(x)])
         if not text.endswith("\ufffd"):
@@ -82,7 +83,9 @@ def run_demo(threads: int | None = None, n_predict: int = 96, target: str = "aut
             sys.stdout.flush()
             printed = text
 
-    eng.generate(ids, n_predict, on_token=on_token)
+    from .cli import prefill_progress
+
+    eng.generate(ids, n_predict, on_token=on_token, progress=prefill_progress())
     st = eng.stats
     print("\n")
     print(f"prefill:  {st.prompt_tokens:,d} tokens in {st.prefill_s:.2f} s = {st.prefill_tok_s:.1f} tokens/s")

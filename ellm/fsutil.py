@@ -48,6 +48,9 @@ def atomic_directory(final: str | Path, replace: bool = False) -> Iterator[Path]
     final = Path(final).absolute()
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the result is an ordinary directory
     try:
         yield tmp
         for p in tmp.iterdir():

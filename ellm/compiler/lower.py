@@ -48,6 +48,7 @@ class KernelInfo:
     rule: str
     knobs: dict[str, int]
     request: dict[str, Any]
+    req: KernelRequest  # the request itself (not serialised)
 
 
 @dataclass
@@ -101,7 +102,7 @@ class _Lowering:
             name = req.key()
             func = rule.build(req, self.target, knobs).with_attr("global_symbol", name)
             gv = self.bb.add_func(func, name)
-            self.kernels[key] = (gv, KernelInfo(name, rule.name, knobs, req.describe()))
+            self.kernels[key] = (gv, KernelInfo(name, rule.name, knobs, req.describe(), req))
         return self.kernels[key][0]
 
     def request(self, op: Op, m: int | None, **extra_attrs) -> KernelRequest:

@@ -1,0 +1,110 @@
+"""Per-CPU schedule search: time each kernel's knob configurations on this machine and keep the fastest.
+
+The search is exhaustive over a rule's knob grid up to a budget (default first, then a seeded random
+order). Kernels are timed alone with random inputs of their real shapes, symbolic sizes bound to a
+representative workload: a prefill chunk of `tokens` tokens and decode at `ctx` context.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..compiler.build import CompileOptions, build_graph
+from ..compiler.gguf_file import GGUFFile
+from ..compiler.lower import lower
+from ..config import ModelConfig
+from ..models import resolve_model
+from ..schedules import KernelRequest, rule_by_name
+from ..targets import TargetPreset, detect_host, resolve_target
+from .database import TuningDatabase, TuningRecord
+
+
+@dataclass(frozen=True)
+class Workload:
+    tokens: int = 256  # symbolic token count of prefill kernels
+    ctx: int = 4096  # KV cache capacity; attention runs at the end of it
+
+
+def _inputs(func, req: KernelRequest, wl: Workload, rng) -> list:
+    """Random TVM arguments for every parameter of `func` (buffers and scalars)."""
+    import tvm
+
+    m = req.m if req.m is not None else wl.tokens
+    sizes = {"T": m, "n": m, "C": wl.ctx}
+    args = []
+    for p in func.params:
+        if not isinstance(p.ty, tvm.ir.PrimType):  # a buffer parameter
+            shape = [int(d) if isinstance(d, (int, tvm.tirx.IntImm)) else sizes[str(d.name)] for d in p.shape]
+            dtype = str(p.dtype)
+            if dtype.startswith("float"):
+                arr = (rng.standard_normal(shape) * 0.1).astype(dtype)
+            elif dtype == "int32":  # token ids
+                arr = np.zeros(shape, np.int32)
+            else:
+                arr = rng.integers(0, 256, shape, dtype=np.uint8).view(dtype)
+            args.append(tvm.runtime.tensor(arr))
+        else:
+            args.append({"pos": wl.ctx - m, "layer": 0}[str(p.name)])
+    return args
+
+
+def time_kernel(func, req: KernelRequest, target: TargetPreset, wl: Workload, repeat: int = 5) -> float:
+    """Median seconds per call of one compiled kernel."""
+    import tvm
+
+    ex = tvm.compile(func.with_attr("global_symbol", "kernel"), target=target.tvm_target())
+    args = _inputs(func, req, wl, np.random.default_rng(0))
+    timer = ex.mod.time_evaluator("kernel", tvm.cpu(), number=1, repeat=repeat, min_repeat_ms=30)
+    return statistics.median(timer(*args).results)
+
+
+def candidates(rule, req, target, budget: int, seed: int = 0) -> list[dict[str, int]]:
+    default = rule.default_knobs(req, target)
+    grid = [dict(zip([k.name for k in rule.knobs], vals)) for vals in itertools.product(*[k.choices for k in rule.knobs])]
+    others = [g for g in grid if g != default]
+    random.Random(seed).shuffle(others)
+    return [default] + others[: max(0, budget - 1)]
+
+
+def tune_model(
+    model,
+    db_path,
+    target: str = "auto",
+    budget: int = 8,
+    threads: int | None = None,
+    workload: Workload = Workload(),
+    log: Callable[[str], None] = lambda s: None,
+) -> TuningDatabase:
+    from ..runtime.engine import set_threads
+
+    preset = resolve_target(target)
+    gf = GGUFFile(resolve_model(model))
+    cfg = ModelConfig.from_gguf(gf)
+    _, g = build_graph(gf, cfg, CompileOptions(target=preset.name))
+    kernels = [k for k in lower(g, preset).kernels if rule_by_name(k.rule).knobs]
+    db = TuningDatabase.open(db_path)
+    host = detect_host()
+    n_threads = threads or host.logical_cpus
+    set_threads(n_threads)
+    for info in kernels:
+        rule = rule_by_name(info.rule)
+        best = None
+        for knobs in candidates(rule, info.req, preset, budget):
+            func = rule.build(info.req, preset, knobs)
+            seconds = time_kernel(func, info.req, preset, workload)
+            rec = TuningRecord(
+                preset.name, host.model_name, info.name, rule.name, knobs, seconds, n_threads, info.request, int(time.time())
+            )
+            db.add(rec)
+            if best is None or seconds < best.seconds:
+                best = rec
+        log(f"{info.name:48s} {rule.name:10s} best {best.seconds * 1e6:9.1f} us  {best.knobs}")
+    db.save()
+    return db

@@ -1,0 +1,36 @@
+"""The tuner times real kernels, keeps the fastest knobs per kernel, and compile applies them."""
+
+from __future__ import annotations
+
+import json
+
+from synthetic import write_model
+
+from ellm.autotune import TuningDatabase, TuningRecord
+from ellm.autotune.tuner import Workload, tune_model
+from ellm.compiler.build import CompileOptions, compile_model
+
+
+def test_database_keeps_the_fastest(tmp_path):
+    db = TuningDatabase(tmp_path / "db.json")
+    rec = dict(target="znver4", cpu="x", kernel="k", rule="gemv", threads=2)
+    assert db.add(TuningRecord(knobs={"rows_per_task": 8}, seconds=2e-5, **rec))
+    assert not db.add(TuningRecord(knobs={"rows_per_task": 4}, seconds=3e-5, **rec))
+    assert db.add(TuningRecord(knobs={"rows_per_task": 16}, seconds=1e-5, **rec))
+    db.save()
+    again = TuningDatabase.open(tmp_path / "db.json")
+    assert again.best("znver4", "k", "gemv").knobs == {"rows_per_task": 16}
+
+
+def test_tune_then_compile_uses_the_tuned_knobs(tmp_path):
+    model = write_model(tmp_path / "m.gguf", n_layers=1)
+    db = tune_model(model, tmp_path / "tune.json", target="znver4", budget=2, threads=2, workload=Workload(tokens=32, ctx=256))
+    records = db.records()
+    assert {r.rule for r in records} == {"gemv", "gemm", "attention"}
+    assert all(r.seconds > 0 for r in records)
+    art = compile_model(model, tmp_path / "art", CompileOptions(target="znver4", tuning_db=tmp_path / "tune.json")).path
+    manifest = json.loads((art / "manifest.json").read_text())
+    for k in manifest["kernels"]:
+        rec = db.best("znver4", k["name"], k["rule"])
+        if rec is not None:
+            assert k["knobs"] == rec.knobs
