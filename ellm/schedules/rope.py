@@ -16,16 +16,27 @@ from ..targets import TargetPreset
 from .rule import KernelRequest, Rule
 
 
-def _pairs(neox: bool, half: int):
-    """Head-relative columns of the two elements of rotation pair i."""
+def _rotation(neox: bool, half: int):
+    """(p0, p1, first, second): the head-relative columns of rotation pair i, and the two rotated values
+    of that pair for row t of `src` whose head starts at column `base`, at position pos + t."""
     if neox:
-        return (lambda i: i), (lambda i: i + half)
-    return (lambda i: 2 * i), (lambda i: 2 * i + 1)
+        p0, p1 = (lambda i: i), (lambda i: i + half)
+    else:
+        p0, p1 = (lambda i: 2 * i), (lambda i: 2 * i + 1)
+
+    def first(src, tab, pos, t, base, i):  # x0 cos - x1 sin
+        return src[t, base + p0(i)] * tab[pos + t, i] - src[t, base + p1(i)] * tab[pos + t, half + i]
+
+    def second(src, tab, pos, t, base, i):  # x0 sin + x1 cos
+        return src[t, base + p0(i)] * tab[pos + t, half + i] + src[t, base + p1(i)] * tab[pos + t, i]
+
+    return p0, p1, first, second
 
 
-def _geometry(req: KernelRequest) -> tuple[int, int, int, bool]:
+def _geometry(req: KernelRequest) -> tuple[int, int, bool]:
+    """(rope_dim, half, neox)."""
     rope_dim = int(req.attr("rope_dim"))
-    return rope_dim, rope_dim // 2, bool(req.attr("neox")), rope_dim
+    return rope_dim, rope_dim // 2, bool(req.attr("neox"))
 
 
 def _col0(req: KernelRequest, i: int) -> int:
@@ -42,8 +53,8 @@ class RopeRule(Rule):
     def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
         nh = int(req.attr("n_heads"))
         hd = req.out_types[0].width // nh
-        rd, half, neox, _ = _geometry(req)
-        p0, p1 = _pairs(neox, half)
+        rd, half, neox = _geometry(req)
+        p0, p1, first, second = _rotation(neox, half)
         W, c0 = req.in_types[0].width, _col0(req, 0)
 
         @T.prim_func
@@ -56,12 +67,8 @@ class RopeRule(Rule):
             for t in T.parallel(n):
                 for h in range(nh):
                     for i in T.vectorized(half):
-                        cs: T.let[T.float32] = tab[pos + t, i]
-                        sn: T.let[T.float32] = tab[pos + t, half + i]
-                        a: T.let[T.float32] = x[t, c0 + h * hd + p0(i)]
-                        b: T.let[T.float32] = x[t, c0 + h * hd + p1(i)]
-                        out[t, h * hd + p0(i)] = a * cs - b * sn
-                        out[t, h * hd + p1(i)] = a * sn + b * cs
+                        out[t, h * hd + p0(i)] = first(x, tab, pos, t, c0 + h * hd, i)
+                        out[t, h * hd + p1(i)] = second(x, tab, pos, t, c0 + h * hd, i)
                     for d in range(rd, hd):
                         out[t, h * hd + d] = x[t, c0 + h * hd + d]
 
@@ -109,8 +116,8 @@ class RopeKvAppendRule(Rule):
         L, Hkv, _, hd = cache_t.shape
         dt = cache_t.dtype
         H = int(req.attr("n_heads"))
-        rd, half, neox, _ = _geometry(req)
-        p0, p1 = _pairs(neox, half)
+        rd, half, neox = _geometry(req)
+        p0, p1, first, second = _rotation(neox, half)
         W = qkv_t.width
         k0, v0 = H * hd, H * hd + Hkv * hd  # [q | k | v] columns of the fused projection
 
@@ -128,22 +135,14 @@ class RopeKvAppendRule(Rule):
             for t in T.parallel(n):
                 for h in range(H):
                     for i in T.vectorized(half):
-                        cs: T.let[T.float32] = tab[pos + t, i]
-                        sn: T.let[T.float32] = tab[pos + t, half + i]
-                        a: T.let[T.float32] = qkv[t, h * hd + p0(i)]
-                        b: T.let[T.float32] = qkv[t, h * hd + p1(i)]
-                        q[t, h * hd + p0(i)] = a * cs - b * sn
-                        q[t, h * hd + p1(i)] = a * sn + b * cs
+                        q[t, h * hd + p0(i)] = first(qkv, tab, pos, t, h * hd, i)
+                        q[t, h * hd + p1(i)] = second(qkv, tab, pos, t, h * hd, i)
                     for d in range(rd, hd):
                         q[t, h * hd + d] = qkv[t, h * hd + d]
                 for h in range(Hkv):
                     for i in T.vectorized(half):
-                        cs: T.let[T.float32] = tab[pos + t, i]
-                        sn: T.let[T.float32] = tab[pos + t, half + i]
-                        a: T.let[T.float32] = qkv[t, k0 + h * hd + p0(i)]
-                        b: T.let[T.float32] = qkv[t, k0 + h * hd + p1(i)]
-                        kc[layer, h, pos + t, p0(i)] = T.Cast(dt, a * cs - b * sn)
-                        kc[layer, h, pos + t, p1(i)] = T.Cast(dt, a * sn + b * cs)
+                        kc[layer, h, pos + t, p0(i)] = T.Cast(dt, first(qkv, tab, pos, t, k0 + h * hd, i))
+                        kc[layer, h, pos + t, p1(i)] = T.Cast(dt, second(qkv, tab, pos, t, k0 + h * hd, i))
                     for d in range(rd, hd):
                         kc[layer, h, pos + t, d] = T.Cast(dt, qkv[t, k0 + h * hd + d])
                     for d in T.vectorized(hd):
