@@ -39,6 +39,7 @@ def cmd_compile(a: argparse.Namespace) -> int:
         kv_dtype=KV_TYPES[a.kv_type],
         disable_passes=tuple(a.disable_pass or ()),
         tuning_db=Path(a.tuning_db) if a.tuning_db else None,
+        max_chunk=a.max_chunk,
     )
     report = compile_model(a.model, a.output, options, force=a.force, log=lambda s: print(s, file=sys.stderr))
     print(
@@ -178,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--kv-type", choices=sorted(KV_TYPES), default="f16", help="KV cache element type")
     c.add_argument("--disable-pass", action="append", metavar="PASS", help="skip a graph pass (repeatable)")
     c.add_argument("--tuning-db", help="JSON tuning database with schedule knobs (ellm tune)")
+    c.add_argument("--max-chunk", type=_positive_int, default=256, help="most tokens per prefill step (default 256)")
     c.add_argument("--force", action="store_true", help="replace an existing output directory")
     c.set_defaults(func=cmd_compile)
 

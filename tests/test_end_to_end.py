@@ -172,3 +172,22 @@ def test_sampling_is_seeded(engine, prompt_ids):
     a = engine.generate(prompt_ids, 10, temperature=0.8, seed=7, stop_at_eog=False)
     b = engine.generate(prompt_ids, 10, temperature=0.8, seed=7, stop_at_eog=False)
     assert a == b
+
+
+def test_step_memory_is_planned_not_grown(engine, text_ids):
+    """Prefill steps of many different lengths reuse the same planned buffers (no growth per length)."""
+    from pathlib import Path
+
+    def rss_mb() -> float:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise AssertionError("no VmRSS")
+
+    engine.reset()
+    engine.prefill(text_ids[:256])  # the largest step: buffers get allocated and the weights paged in
+    before = rss_mb()
+    for n in (3, 17, 250, 101, 64, 199, 9, 128, 77, 240, 33, 170):
+        engine.reset()
+        engine.prefill(text_ids[:n])
+    assert rss_mb() - before < 8

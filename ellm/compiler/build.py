@@ -30,8 +30,11 @@ class CompileOptions:
     kv_dtype: str = "float16"
     disable_passes: tuple[str, ...] = ()
     tuning_db: Path | None = None
+    max_chunk: int = 256  # most tokens per prefill step; buffers are planned for this size
 
     def __post_init__(self) -> None:
+        if not 1 <= self.max_chunk <= 65536:
+            raise EllmError(f"max_chunk must be between 1 and 65536, got {self.max_chunk}")
         if self.kv_dtype not in KV_DTYPES:
             raise EllmError(f"unsupported KV cache type {self.kv_dtype!r} (supported: {', '.join(KV_DTYPES)})")
         unknown = set(self.disable_passes) - set(pass_names())
@@ -84,7 +87,7 @@ def compile_model(
         knob_lookup = TuningDatabase.open(options.tuning_db).lookup_for(preset.name)
 
     t = time.perf_counter()
-    lowered = lower(g, preset, knob_lookup)
+    lowered = lower(g, preset, knob_lookup, max_chunk=options.max_chunk)
     timings["lower"] = time.perf_counter() - t
     t = time.perf_counter()
     executable = tvm.compile(lowered.mod, target=preset.tvm_target(), relax_pipeline=relax.pipeline.default_build_pipeline())
@@ -112,6 +115,7 @@ def compile_model(
             },
             "kv_cache": {"dtype": options.kv_dtype, "layout": "[n_layers, n_kv_heads, ctx, head_dim]"},
             "entries": [{"name": e.name, "tokens": e.m, "logits": "last" if e.last_only else "all"} for e in ENTRIES],
+            "max_chunk": options.max_chunk,
             "graph": {
                 "passes": [p for p in pass_names() if p not in options.disable_passes],
                 "ops_imported": dict(g0.op_counts()),

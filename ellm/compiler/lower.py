@@ -85,8 +85,9 @@ def _rtype(t: TensorType, T, C) -> relax.TensorType:
 
 
 class _Lowering:
-    def __init__(self, g: Graph, target: TargetPreset, knob_lookup: KnobLookup | None):
+    def __init__(self, g: Graph, target: TargetPreset, knob_lookup: KnobLookup | None, max_chunk: int):
         self.g, self.target, self.knob_lookup = g, target, knob_lookup
+        self.max_chunk = max_chunk
         self.bb = relax.BlockBuilder()
         self.params = param_specs(g)
         self.param_index = {p.name: i for i, p in enumerate(self.params)}
@@ -135,7 +136,10 @@ class _Lowering:
         params = relax.Var(
             "params", relax.TupleType([relax.TensorType(list(p.shape), p.dtype) for p in self.params])
         )
-        with bb.function(entry.name, [tokens, pos, rope, kc, vc, params]):
+        # A bound on T lets the memory planner give every intermediate one fixed buffer, allocated once,
+        # instead of a pooled allocation per distinct chunk length (which grows without limit).
+        attrs = {"tir_var_upper_bound": {"T": self.max_chunk}} if entry.m is None else None
+        with bb.function(entry.name, [tokens, pos, rope, kc, vc, params], attrs=attrs):
             with bb.dataflow():
                 env: dict[tuple[str, int], Any] = {("tokens", 0): tokens, ("kv_cache", 0): (kc, vc)}
                 getp = lambda name: bb.emit(relax.TupleGetItem(params, self.param_index[name]))  # noqa: E731
@@ -173,7 +177,7 @@ class _Lowering:
             return [bb.emit(relax.call_tir(gv, [ins[0], *weights], outs[0]))]
         if k in (OpKind.MATMUL, OpKind.LM_HEAD):
             # kernel params: x, [residual], *weight, [norm], [bias]
-            args = [ins[0], *ins[1:], *weights, *vectors]
+            args = [*ins, *weights, *vectors]
             return [bb.emit(relax.call_tir(gv, args, outs[0]))]
         if k in (OpKind.RMSNORM, OpKind.SILU_MUL, OpKind.ADD):
             return [bb.emit(relax.call_tir(gv, [*ins, *vectors], outs[0]))]
@@ -197,8 +201,11 @@ class _Lowering:
         raise AssertionError(f"cannot lower {k}")
 
 
-def lower(g: Graph, target: TargetPreset, knob_lookup: KnobLookup | None = None, entries=ENTRIES) -> Lowered:
-    lw = _Lowering(g, target, knob_lookup)
+def lower(
+    g: Graph, target: TargetPreset, knob_lookup: KnobLookup | None = None, entries=ENTRIES, max_chunk: int = 256
+) -> Lowered:
+    """`max_chunk`: the most tokens one prefill step may take (the runtime splits longer prompts)."""
+    lw = _Lowering(g, target, knob_lookup, max_chunk)
     for e in entries:
         lw.function(e)
     return Lowered(lw.bb.get(), lw.params, [info for _, info in lw.kernels.values()])

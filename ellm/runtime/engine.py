@@ -60,7 +60,9 @@ class _Cache:
 
 
 class Engine:
-    def __init__(self, artifact: Artifact, threads: int | None = None, ctx_size: int | None = None, prefill_chunk: int = 256):
+    def __init__(
+        self, artifact: Artifact, threads: int | None = None, ctx_size: int | None = None, prefill_chunk: int | None = None
+    ):
         import tvm
         from tvm import relax
 
@@ -73,9 +75,10 @@ class Engine:
         self.ctx_size = int(ctx_size or cfg.ctx_train)
         if self.ctx_size < 1:
             raise EllmError(f"ctx_size must be at least 1, got {ctx_size}")
-        if prefill_chunk < 1:
-            raise EllmError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
-        self.prefill_chunk = prefill_chunk
+        max_chunk = int(artifact.manifest["max_chunk"])
+        self.prefill_chunk = int(prefill_chunk or max_chunk)
+        if not 1 <= self.prefill_chunk <= max_chunk:
+            raise EllmError(f"prefill_chunk must be between 1 and the artifact's max_chunk {max_chunk}, got {prefill_chunk}")
         self.tokenizer = artifact.tokenizer()
         set_threads(self.threads)
 
