@@ -1,4 +1,4 @@
-"""The `ellm` command line: compile, run, inspect, tune, demo, targets."""
+"""The `ellm` command line: compile, run, inspect, tune, bench, demo, targets."""
 
 from __future__ import annotations
 
@@ -162,6 +162,36 @@ def cmd_tune(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(a: argparse.Namespace) -> int:
+    from .bench.runner import BenchConfig, format_table, run_bench
+    from .demo import cached_artifact
+    from .models import resolve_model
+    from .runtime.artifact import Artifact
+
+    log = lambda s: print(s, file=sys.stderr)  # noqa: E731
+    artifact = Path(a.artifact) if a.artifact else cached_artifact(log=log)
+    model = Path(a.model) if a.model else resolve_model(None)
+    if a.artifact and not a.model:
+        source = Artifact.open(artifact, verify=False).manifest["source"]["file"]
+        if source != model.name:
+            raise EllmError(f"the artifact was compiled from {source}; pass --model with that GGUF for llama.cpp")
+    vs = a.vs.lower() if a.vs else None
+    if vs not in (None, "llama.cpp"):
+        raise EllmError(f"--vs supports llama.cpp, not {a.vs!r}")
+    cfg = BenchConfig(
+        artifact=artifact, model=model, ctxs=tuple(int(c) for c in a.ctx.split(",")), gen=a.gen, warmup=a.warmup,
+        repeat=a.repeat, rounds=a.rounds, threads=a.threads or (os.cpu_count() or 1), vs_llama_cpp=vs is not None,
+    )
+    report = run_bench(cfg, log=log)
+    if a.plot:
+        from .bench.plot import plot_report
+
+        plot_report(report, a.plot)
+        log(f"wrote {a.plot}")
+    print(json.dumps(report, indent=1) if a.json else format_table(report))
+    return 0
+
+
 def cmd_demo(a: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -215,6 +245,20 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--tokens", type=_positive_int, default=256, help="prefill chunk the kernels are timed at")
     tu.add_argument("--ctx", type=_positive_int, default=4096, help="context the attention kernels are timed at")
     tu.set_defaults(func=cmd_tune)
+
+    b = sub.add_parser("bench", help="decode/prefill speed vs measured memory bandwidth, optionally vs llama.cpp")
+    b.add_argument("artifact", nargs="?", help="artifact directory (default: the bundled model, compiled and cached)")
+    b.add_argument("--model", help="the GGUF the artifact was compiled from (for llama.cpp; default: the bundled model)")
+    b.add_argument("--ctx", default="512,2048,8000", help="comma-separated context lengths")
+    b.add_argument("--gen", type=_positive_int, default=64, help="timed decode steps per repeat")
+    b.add_argument("--warmup", type=_nonneg_int, default=4, help="untimed decode steps per repeat")
+    b.add_argument("--repeat", type=_positive_int, default=3)
+    b.add_argument("--rounds", type=_positive_int, default=2, help="alternating rounds of the systems")
+    b.add_argument("--threads", type=_positive_int, default=None)
+    b.add_argument("--vs", metavar="llama.cpp", help="also run llama.cpp on the same GGUF (installed on demand)")
+    b.add_argument("--json", action="store_true")
+    b.add_argument("--plot", metavar="FILE.png", help="draw decode tokens/s against context length")
+    b.set_defaults(func=cmd_bench)
 
     d = sub.add_parser("demo", help="compile the bundled model (cached) and answer a question about a long document")
     d.add_argument("--threads", type=_positive_int, default=None)

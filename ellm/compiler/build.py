@@ -19,6 +19,7 @@ from .artifact import write_manifest, write_weights
 from .gguf_file import GGUFFile
 from .graph import Graph
 from .import_llama import KV_DTYPES, import_llama
+from .inspect import decode_weight_bytes
 from .lower import ENTRIES, lower
 from .pack_weights import pack_params
 from .pipeline import pass_names, run_pipeline
@@ -116,6 +117,7 @@ def compile_model(
             "kv_cache": {"dtype": options.kv_dtype, "layout": "[n_layers, n_kv_heads, ctx, head_dim]"},
             "entries": [{"name": e.name, "tokens": e.m, "logits": "last" if e.last_only else "all"} for e in ENTRIES],
             "max_chunk": options.max_chunk,
+            "decode_weight_bytes": decode_weight_bytes(g),
             "graph": {
                 "passes": [p for p in pass_names() if p not in options.disable_passes],
                 "ops_imported": dict(g0.op_counts()),

@@ -1,0 +1,73 @@
+"""This machine's memory read bandwidth, measured with a multi-threaded streaming read kernel.
+
+A decode step must read every weight and the KV cache once, so (bytes per token) / (this bandwidth)
+is the fastest possible step. The kernel sums a buffer many times larger than the last-level cache
+with AVX-512/AVX2 loads into independent accumulators, split into contiguous chunks over the threads.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+
+LANES = 16
+UNROLL = 4  # independent accumulators: loads, not add latency, are the limit
+
+
+def read_kernel(n: int, tasks: int):
+    from tvm.script import tirx as T
+
+    chunk = n // tasks
+    steps = chunk // (LANES * UNROLL)
+
+    @T.prim_func
+    def read_bw(a: T.Buffer((n,), "float32"), out: T.Buffer((tasks, LANES), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        for task in T.parallel(tasks):
+            acc = T.alloc_buffer((UNROLL * LANES,), "float32")
+            for i in T.vectorized(UNROLL * LANES):
+                acc[i] = T.float32(0)
+            for s in range(steps):
+                for u in T.unroll(UNROLL):
+                    acc[T.ramp(u * LANES, 1, LANES)] = acc[T.ramp(u * LANES, 1, LANES)] + a[
+                        T.ramp(task * chunk + (s * UNROLL + u) * LANES, 1, LANES)
+                    ]
+            for i in T.vectorized(LANES):
+                out[task, i] = acc[i] + acc[LANES + i] + acc[2 * LANES + i] + acc[3 * LANES + i]
+
+    return read_bw
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    gb_s_median: float
+    gb_s_max: float
+    gb_s_min: float
+    bytes: int
+    threads: int
+    repeats: int
+
+
+def measure_read_bandwidth(threads: int, size_mb: int = 512, repeats: int = 7, target=None) -> Bandwidth:
+    """Streaming read GB/s (1e9 bytes/s) over a `size_mb` MiB buffer, with `threads` threads."""
+    import tvm
+
+    from ..runtime.engine import set_threads
+    from ..targets import resolve_target
+
+    set_threads(threads)
+    tasks = 64
+    n = (size_mb << 20) // 4 // (tasks * LANES * UNROLL) * (tasks * LANES * UNROLL)
+    preset = target or resolve_target("auto")
+    ex = tvm.compile(read_kernel(n, tasks), target=preset.tvm_target())
+    a = tvm.runtime.tensor(np.ones(n, np.float32))
+    out = tvm.runtime.tensor(np.zeros((tasks, LANES), np.float32))
+    f = ex["read_bw"]
+    f(a, out)  # warm-up: page in
+    if not np.allclose(out.numpy().sum(), n):
+        raise AssertionError("bandwidth kernel summed wrong")
+    timer = ex.mod.time_evaluator("read_bw", tvm.cpu(), number=1, repeat=repeats)
+    rates = [4 * n / t / 1e9 for t in timer(a, out).results]
+    return Bandwidth(statistics.median(rates), max(rates), min(rates), 4 * n, threads, repeats)

@@ -1,0 +1,144 @@
+"""`ellm bench`: decode and prefill speed against this machine's measured memory bandwidth, optionally vs llama.cpp.
+
+For each context length: measure the read bandwidth, then alternate the systems (each in a fresh
+process) for `rounds` rounds. Decode rates exclude warm-up steps; the report gives the median and
+the spread over all repeats, bytes read per decoded token, achieved GB/s and % of the bandwidth.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..errors import EllmError
+from .bandwidth import measure_read_bandwidth
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    artifact: Path
+    model: Path
+    ctxs: tuple[int, ...] = (512, 2048, 8000)
+    gen: int = 64
+    warmup: int = 4
+    repeat: int = 3
+    rounds: int = 2
+    threads: int = os.cpu_count() or 1
+    vs_llama_cpp: bool = False
+
+
+def ensure_llama_cpp(log: Callable[[str], None]) -> None:
+    """Import llama_cpp, installing the optional peer on demand (it builds llama.cpp: about 5 minutes)."""
+    try:
+        import llama_cpp  # noqa: F401
+
+        return
+    except ImportError:
+        pass
+    log("llama-cpp-python is not installed; installing it now (builds llama.cpp from source, ~5 minutes) ...")
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "llama-cpp-python"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise EllmError(f"could not install llama-cpp-python: {proc.stderr.strip().splitlines()[-1] if proc.stderr else ''}")
+
+
+def _worker(system: str, cfg: BenchConfig, ctx: int) -> dict:
+    cmd = [sys.executable, "-m", "ellm.bench.worker", system, "--model", str(cfg.model), "--ctx", str(ctx),
+           "--gen", str(cfg.gen), "--warmup", str(cfg.warmup), "--repeat", str(cfg.repeat), "--threads", str(cfg.threads)]
+    if system == "ellm":
+        cmd += ["--artifact", str(cfg.artifact)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise EllmError(f"{system} benchmark at context {ctx} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+    return json.loads(proc.stdout)
+
+
+def decode_bytes_per_token(manifest: dict, ctx: int, gen: int) -> int:
+    """Weights read by one decode step plus the KV cache it attends over (mean context of the timed steps)."""
+    cfg = manifest["config"]
+    weights = manifest["decode_weight_bytes"]
+    kv_item = {"float16": 2, "float32": 4}[manifest["kv_cache"]["dtype"]]
+    mean_ctx = ctx + gen / 2
+    return int(weights + 2 * cfg["n_layers"] * cfg["n_kv_heads"] * cfg["head_dim"] * kv_item * mean_ctx)
+
+
+def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> dict:
+    from ..runtime.artifact import Artifact
+
+    manifest = Artifact.open(cfg.artifact).manifest
+    systems = ["ellm"] + (["llama.cpp"] if cfg.vs_llama_cpp else [])
+    if cfg.vs_llama_cpp:
+        ensure_llama_cpp(log)
+    rows = []
+    for ctx in cfg.ctxs:
+        bw = measure_read_bandwidth(cfg.threads)
+        log(f"context {ctx}: read bandwidth {bw.gb_s_median:.1f} GB/s (median of {bw.repeats}, {bw.gb_s_min:.1f}-{bw.gb_s_max:.1f})")
+        runs: dict[str, list[dict]] = {s: [] for s in systems}
+        for r in range(cfg.rounds):
+            for s in systems:  # alternate A, B, A, B: both see the same drift of a shared machine
+                runs[s].append(_worker(s, cfg, ctx))
+                log(f"  round {r + 1} {s:9s} decode {statistics.median(runs[s][-1]['decode_tok_s']):7.1f} tok/s")
+        nbytes = decode_bytes_per_token(manifest, ctx, cfg.gen)
+        for s in systems:
+            rates = [x for run in runs[s] for x in run["decode_tok_s"]]
+            med = statistics.median(rates)
+            prefill = [ctx / run["prefill_s"] for run in runs[s]]
+            rows.append(
+                {
+                    "system": s,
+                    "ctx": ctx,
+                    "decode_tok_s": med,
+                    "decode_tok_s_min": min(rates),
+                    "decode_tok_s_max": max(rates),
+                    "prefill_tok_s": statistics.median(prefill),
+                    "prefill_tok_s_min": min(prefill),
+                    "prefill_tok_s_max": max(prefill),
+                    "bytes_per_token": nbytes,
+                    "achieved_gb_s": med * nbytes / 1e9,
+                    "bandwidth_gb_s": bw.gb_s_median,
+                    "pct_of_bandwidth": 100 * med * nbytes / 1e9 / bw.gb_s_median,
+                    "bound_tok_s": bw.gb_s_median * 1e9 / nbytes,
+                }
+            )
+    ratios = []
+    if cfg.vs_llama_cpp:
+        for ctx in cfg.ctxs:
+            e, l = (next(r for r in rows if r["ctx"] == ctx and r["system"] == s) for s in ("ellm", "llama.cpp"))
+            ratios.append({"ctx": ctx, "decode_ratio": e["decode_tok_s"] / l["decode_tok_s"],
+                           "prefill_ratio": e["prefill_tok_s"] / l["prefill_tok_s"]})
+    return {
+        "artifact": str(cfg.artifact),
+        "model": cfg.model.name,
+        "threads": cfg.threads,
+        "gen": cfg.gen,
+        "warmup": cfg.warmup,
+        "repeat": cfg.repeat,
+        "rounds": cfg.rounds,
+        "kv_cache": manifest["kv_cache"]["dtype"],
+        "rows": rows,
+        "ratios": ratios,
+    }
+
+
+def format_table(report: dict) -> str:
+    lines = [
+        f"{report['model']}, {report['threads']} threads, KV {report['kv_cache']}, decode {report['gen']} tokens "
+        f"x {report['repeat']} repeats x {report['rounds']} rounds (median [min-max])",
+        f"{'ctx':>6} {'system':10} {'prefill tok/s':>14} {'decode tok/s':>22} {'MB/token':>9} {'GB/s':>6} "
+        f"{'% of BW':>8} {'BW GB/s':>8}",
+    ]
+    for r in report["rows"]:
+        lines.append(
+            f"{r['ctx']:>6} {r['system']:10} {r['prefill_tok_s']:>14.1f} "
+            f"{r['decode_tok_s']:>8.1f} [{r['decode_tok_s_min']:.1f}-{r['decode_tok_s_max']:.1f}]".ljust(61)
+            + f" {r['bytes_per_token'] / 1e6:>9.1f} {r['achieved_gb_s']:>6.1f} {r['pct_of_bandwidth']:>7.1f}% "
+            f"{r['bandwidth_gb_s']:>8.1f}"
+        )
+    for q in report["ratios"]:
+        lines.append(f"ctx {q['ctx']}: eLLM / llama.cpp = {q['decode_ratio']:.2f}x decode, {q['prefill_ratio']:.2f}x prefill")
+    return "\n".join(lines)

@@ -1,0 +1,114 @@
+"""One benchmark measurement in its own process (so eLLM's and llama.cpp's thread pools never compete).
+
+    python -m ellm.bench.worker ellm|llama.cpp --model M [--artifact DIR] --ctx N --gen G --warmup W --repeat R --threads T
+
+Prints one JSON object: prefill seconds for `ctx` prompt tokens, and decode tokens/s per repeat
+(each repeat truncates back to `ctx`, runs `warmup` untimed steps, then `gen` timed steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def real_tokens(tokenizer_encode, n: int) -> list[int]:
+    """n tokens of real English text: the Apache License shipped with apache-tvm, repeated."""
+    import tvm
+
+    text = (Path(tvm.__file__).parent / "LICENSE").read_text()
+    ids: list[int] = []
+    one = tokenizer_encode(text)
+    while len(ids) < n:
+        ids += one
+    return ids[:n]
+
+
+def run_ellm(a) -> dict:
+    import numpy as np
+
+    import ellm
+
+    eng = ellm.load(a.artifact, threads=a.threads, ctx_size=a.ctx + a.gen + a.warmup + 16)
+    ids = real_tokens(eng.tokenizer.encode, a.ctx)
+    eng.prefill(ids[: min(256, a.ctx)])  # warm-up: page in weights and code
+    eng.reset()
+    t = time.perf_counter()
+    logits = eng.prefill(ids)
+    prefill_s = time.perf_counter() - t
+    rates = []
+    for _ in range(a.repeat):
+        eng.truncate(a.ctx)
+        tok = int(np.argmax(logits))
+        for _ in range(a.warmup):
+            tok = int(np.argmax(eng.decode(tok)))
+        t = time.perf_counter()
+        for _ in range(a.gen):
+            tok = int(np.argmax(eng.decode(tok)))
+        rates.append(a.gen / (time.perf_counter() - t))
+    return {"prefill_s": prefill_s, "decode_tok_s": rates}
+
+
+def run_llama_cpp(a) -> dict:
+    import numpy as np
+    from llama_cpp import Llama
+
+    from ellm.compiler.gguf_file import GGUFFile
+    from ellm.runtime.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(GGUFFile(a.model))  # the same token ids eLLM runs
+    n_ctx = a.ctx + a.gen + a.warmup + 16
+    llm = Llama(
+        a.model, n_ctx=n_ctx, n_threads=a.threads, n_threads_batch=a.threads, n_batch=512,
+        flash_attn=a.flash_attn, verbose=False,
+    )
+    n_vocab = llm.n_vocab()
+
+    def argmax_last() -> int:
+        return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))))
+
+    ids = real_tokens(tok.encode, a.ctx)
+    llm.eval(ids[: min(256, a.ctx)])
+    llm.reset()
+    t = time.perf_counter()
+    llm.eval(ids)
+    prefill_s = time.perf_counter() - t
+    first = argmax_last()
+    rates = []
+    for _ in range(a.repeat):
+        llm.n_tokens = a.ctx  # eval() removes cache entries past n_tokens first
+        t_ = first
+        for _ in range(a.warmup):
+            llm.eval([t_])
+            t_ = argmax_last()
+        t = time.perf_counter()
+        for _ in range(a.gen):
+            llm.eval([t_])
+            t_ = argmax_last()
+        rates.append(a.gen / (time.perf_counter() - t))
+    return {"prefill_s": prefill_s, "decode_tok_s": rates}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("system", choices=["ellm", "llama.cpp"])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--artifact")
+    ap.add_argument("--ctx", type=int, required=True)
+    ap.add_argument("--gen", type=int, default=64)
+    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--no-flash-attn", dest="flash_attn", action="store_false")
+    a = ap.parse_args()
+    out = run_ellm(a) if a.system == "ellm" else run_llama_cpp(a)
+    out.update(system=a.system, ctx=a.ctx, threads=a.threads)
+    json.dump(out, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
