@@ -40,6 +40,8 @@ def cmd_compile(a: argparse.Namespace) -> int:
         disable_passes=tuple(a.disable_pass or ()),
         tuning_db=Path(a.tuning_db) if a.tuning_db else None,
         max_chunk=a.max_chunk,
+        activations=a.activations,
+        prefetch=not a.no_prefetch,
     )
     report = compile_model(a.model, a.output, options, force=a.force, log=lambda s: print(s, file=sys.stderr))
     print(
@@ -209,6 +211,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--kv-type", choices=sorted(KV_TYPES), default="f16", help="KV cache element type")
     c.add_argument("--disable-pass", action="append", metavar="PASS", help="skip a graph pass (repeatable)")
     c.add_argument("--tuning-db", help="JSON tuning database with schedule knobs (ellm tune)")
+    c.add_argument(
+        "--activations", choices=["auto", "int16", "int8", "f32"], default="auto",
+        help="matmul activations: int16/int8 integer VNNI kernels, f32 float kernels (auto: int16 with VNNI)",
+    )
+    c.add_argument("--no-prefetch", action="store_true", help="compile without software prefetch")
     c.add_argument("--max-chunk", type=_positive_int, default=256, help="most tokens per prefill step (default 256)")
     c.add_argument("--force", action="store_true", help="replace an existing output directory")
     c.set_defaults(func=cmd_compile)

@@ -87,7 +87,7 @@ def tune_model(
     preset = resolve_target(target)
     gf = GGUFFile(resolve_model(model))
     cfg = ModelConfig.from_gguf(gf)
-    _, g = build_graph(gf, cfg, CompileOptions(target=preset.name))
+    _, g = build_graph(gf, cfg, CompileOptions(target=preset.name), preset)
     kernels = [k for k in lower(g, preset).kernels if rule_by_name(k.rule).knobs]
     db = TuningDatabase.open(db_path)
     host = detect_host()

@@ -35,6 +35,7 @@ def write_weights(path: Path, params: Iterable[tuple[ParamSpec, np.ndarray]]) ->
                     "sources": list(spec.sources),
                     "qtype": spec.qtype,
                     "component": spec.component,
+                    "layout": spec.layout,
                 }
             )
             offset += len(data)

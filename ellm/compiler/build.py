@@ -14,7 +14,7 @@ from ..fsutil import atomic_directory
 from ..models import resolve_model
 from ..runtime.artifact import KERNELS, TOKENIZER, WEIGHTS
 from ..runtime.tokenizer import Tokenizer
-from ..targets import compute_features, resolve_target
+from ..targets import TargetPreset, compute_features, resolve_target
 from .artifact import write_manifest, write_weights
 from .gguf_file import GGUFFile
 from .graph import Graph
@@ -22,6 +22,7 @@ from .import_llama import KV_DTYPES, import_llama
 from .inspect import decode_weight_bytes
 from .lower import ENTRIES, lower
 from .pack_weights import pack_params
+from .pass_context import ACTIVATIONS, PassContext
 from .pipeline import pass_names, run_pipeline
 
 
@@ -32,8 +33,12 @@ class CompileOptions:
     disable_passes: tuple[str, ...] = ()
     tuning_db: Path | None = None
     max_chunk: int = 256  # most tokens per prefill step; buffers are planned for this size
+    activations: str = "auto"  # "int16"/"int8" (VNNI integer matmuls), "f32" (float path), "auto": int16 where VNNI
+    prefetch: bool = True  # software prefetch in the weight streams (schedules/inject_prefetch.py)
 
     def __post_init__(self) -> None:
+        if self.activations not in ("auto", *ACTIVATIONS):
+            raise EllmError(f"activations must be auto, {', '.join(ACTIVATIONS)}; got {self.activations!r}")
         if not 1 <= self.max_chunk <= 65536:
             raise EllmError(f"max_chunk must be between 1 and 65536, got {self.max_chunk}")
         if self.kv_dtype not in KV_DTYPES:
@@ -52,10 +57,19 @@ class CompileReport:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def build_graph(gf: GGUFFile, cfg: ModelConfig, options: CompileOptions) -> tuple[Graph, Graph]:
+def pass_context(options: CompileOptions, preset: TargetPreset) -> PassContext:
+    activations = options.activations
+    if activations == "auto":
+        activations = "int16" if preset.vnni else "f32"
+    elif activations != "f32" and not preset.vnni:
+        raise EllmError(f"{activations} activations need AVX-512 VNNI, which target {preset.name} lacks")
+    return PassContext(preset, activations)
+
+
+def build_graph(gf: GGUFFile, cfg: ModelConfig, options: CompileOptions, preset: TargetPreset) -> tuple[Graph, Graph]:
     """(imported graph, optimised graph)."""
     g0 = import_llama(gf, cfg, options.kv_dtype)
-    return g0, run_pipeline(g0, disable=options.disable_passes)
+    return g0, run_pipeline(g0, pass_context(options, preset), disable=options.disable_passes)
 
 
 def compile_model(
@@ -78,7 +92,7 @@ def compile_model(
     cfg = ModelConfig.from_gguf(gf)
     tokenizer = Tokenizer.from_gguf(gf)
     preset = resolve_target(options.target)
-    g0, g = build_graph(gf, cfg, options)
+    g0, g = build_graph(gf, cfg, options, preset)
     log(f"model {model_path.name}: {cfg.arch}, {cfg.n_layers} layers, target {preset.name}")
 
     knob_lookup = None
@@ -88,7 +102,7 @@ def compile_model(
         knob_lookup = TuningDatabase.open(options.tuning_db).lookup_for(preset.name)
 
     t = time.perf_counter()
-    lowered = lower(g, preset, knob_lookup, max_chunk=options.max_chunk)
+    lowered = lower(g, preset, knob_lookup, max_chunk=options.max_chunk, prefetch=options.prefetch)
     timings["lower"] = time.perf_counter() - t
     t = time.perf_counter()
     executable = tvm.compile(lowered.mod, target=preset.tvm_target(), relax_pipeline=relax.pipeline.default_build_pipeline())
@@ -115,6 +129,8 @@ def compile_model(
                 "required_cpu_features": compute_features(preset.llvm_features),
             },
             "kv_cache": {"dtype": options.kv_dtype, "layout": "[n_layers, n_kv_heads, ctx, head_dim]"},
+            "activations": pass_context(options, preset).activations,
+            "prefetch": options.prefetch,
             "entries": [{"name": e.name, "tokens": e.m, "logits": "last" if e.last_only else "all"} for e in ENTRIES],
             "max_chunk": options.max_chunk,
             "decode_weight_bytes": decode_weight_bytes(g),

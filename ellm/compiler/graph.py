@@ -49,18 +49,31 @@ class Use:
     index: int = 0
 
 
+LAYOUTS = ("rows", "tile16")
+
+
 @dataclass(frozen=True)
 class WeightRef:
-    """A packed weight of `rows` x `cols`, the row-concatenation of GGUF tensors `sources`."""
+    """A packed weight of `rows` x `cols`, the row-concatenation of GGUF tensors `sources`.
+
+    `layout` is how its components are arranged in memory: "rows" (GGUF blocks split into typed arrays,
+    quant/formats.py) or "tile16" (16 rows interleaved, quant/tiled.py); the layout phase chooses it.
+    """
 
     name: str
     qtype: QuantType
     rows: int
     cols: int
     sources: tuple[str, ...]
+    layout: str = "rows"
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"unknown weight layout {self.layout!r}")
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the quantised weight (GGUF accounting; layouts keep the same bits per weight)."""
         return FORMATS[self.qtype].row_bytes(self.cols) * self.rows
 
 

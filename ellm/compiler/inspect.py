@@ -12,6 +12,8 @@ from ..models import resolve_model
 from .gguf_file import GGUFFile
 from .graph import Graph, OpKind
 from .import_llama import import_llama
+from ..targets import resolve_target
+from .pass_context import PassContext
 from .pipeline import pass_names, run_pipeline
 
 
@@ -49,7 +51,7 @@ def inspect_model(model, kv_type: str = "float16", as_json: bool = False) -> str
     gf = GGUFFile(path)
     cfg = ModelConfig.from_gguf(gf)
     g0 = import_llama(gf, cfg, kv_type)
-    g = run_pipeline(g0)
+    g = run_pipeline(g0, PassContext(resolve_target("auto")))
     kv_item = np.dtype(kv_type).itemsize
     info = {
         "model": path.name,

@@ -9,9 +9,11 @@ import tvm
 from tvm import relax, tirx
 
 from ..quant import FORMATS
+from ..quant.tiled import TILED_COMPONENTS
 from ..schedules import KernelRequest, select_rule
+from ..schedules.inject_prefetch import inject_prefetch
 from ..targets import TargetPreset
-from .graph import Graph, Op, OpKind, TensorType, Use
+from .graph import Graph, Op, OpKind, TensorType, Use, WeightRef
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class ParamSpec:
     sources: tuple[str, ...]  # GGUF tensors (row-)concatenated into it
     qtype: str | None  # weight format, None for vectors
     component: str | None
+    layout: str | None = None  # "rows" | "tile16" for weights
 
 
 @dataclass
@@ -61,6 +64,14 @@ class Lowered:
 KnobLookup = Callable[[KernelRequest, str], Mapping[str, int] | None]
 
 
+def weight_components(w: WeightRef) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(component name, dtype, shape) of a weight in its layout, in kernel parameter order."""
+    if w.layout == "tile16":
+        return [(c.name, c.dtype, c.shape(w.rows, w.cols)) for c in TILED_COMPONENTS[w.qtype]]
+    fmt = FORMATS[w.qtype]
+    return [(c.name, c.dtype, fmt.component_shape(c, w.rows, w.cols)) for c in fmt.components]
+
+
 def param_specs(g: Graph) -> list[ParamSpec]:
     specs: list[ParamSpec] = []
     seen: set[str] = set()
@@ -68,10 +79,8 @@ def param_specs(g: Graph) -> list[ParamSpec]:
         if op.weight is not None and op.weight.name not in seen:
             seen.add(op.weight.name)
             w = op.weight
-            fmt = FORMATS[w.qtype]
-            for c in fmt.components:
-                shape = fmt.component_shape(c, w.rows, w.cols)
-                specs.append(ParamSpec(f"{w.name}:{c.name}", c.dtype, shape, w.sources, w.qtype.name, c.name))
+            for name, dtype, shape in weight_components(w):
+                specs.append(ParamSpec(f"{w.name}:{name}", dtype, shape, w.sources, w.qtype.name, name, w.layout))
         for _, v in op.vectors:
             if v.name not in seen:
                 seen.add(v.name)
@@ -85,9 +94,10 @@ def _rtype(t: TensorType, T, C) -> relax.TensorType:
 
 
 class _Lowering:
-    def __init__(self, g: Graph, target: TargetPreset, knob_lookup: KnobLookup | None, max_chunk: int):
+    def __init__(self, g: Graph, target: TargetPreset, knob_lookup: KnobLookup | None, max_chunk: int, prefetch: bool):
         self.g, self.target, self.knob_lookup = g, target, knob_lookup
         self.max_chunk = max_chunk
+        self.prefetch = prefetch
         self.bb = relax.BlockBuilder()
         self.params = param_specs(g)
         self.param_index = {p.name: i for i, p in enumerate(self.params)}
@@ -101,7 +111,8 @@ class _Lowering:
         key = (rule.name, req, tuple(sorted(knobs.items())))
         if key not in self.kernels:
             name = req.key()
-            func = rule.build(req, self.target, knobs).with_attr("global_symbol", name)
+            func = inject_prefetch(rule.build(req, self.target, knobs), enabled=self.prefetch)
+            func = func.with_attr("global_symbol", name)
             gv = self.bb.add_func(func, name)
             self.kernels[key] = (gv, KernelInfo(name, rule.name, knobs, req.describe(), req))
         return self.kernels[key][0]
@@ -110,6 +121,8 @@ class _Lowering:
         attrs = dict(op.attrs)
         attrs.update(extra_attrs)
         w = op.weight
+        if w is not None:
+            attrs["layout"] = w.layout
         return KernelRequest(
             kind=op.kind,
             m=m,
@@ -170,7 +183,7 @@ class _Lowering:
         layer = relax.prim_value(tirx.IntImm("int64", op.layer if op.layer is not None else 0))
         weights = []
         if op.weight is not None:
-            weights = [getp(f"{op.weight.name}:{c.name}") for c in FORMATS[op.weight.qtype].components]
+            weights = [getp(f"{op.weight.name}:{name}") for name, _, _ in weight_components(op.weight)]
         vectors = [getp(v.name) for _, v in op.vectors]
         k = op.kind
         if k is OpKind.EMBEDDING:
@@ -202,10 +215,16 @@ class _Lowering:
 
 
 def lower(
-    g: Graph, target: TargetPreset, knob_lookup: KnobLookup | None = None, entries=ENTRIES, max_chunk: int = 256
+    g: Graph,
+    target: TargetPreset,
+    knob_lookup: KnobLookup | None = None,
+    entries=ENTRIES,
+    max_chunk: int = 256,
+    prefetch: bool = True,
 ) -> Lowered:
-    """`max_chunk`: the most tokens one prefill step may take (the runtime splits longer prompts)."""
-    lw = _Lowering(g, target, knob_lookup, max_chunk)
+    """`max_chunk`: the most tokens one prefill step may take (the runtime splits longer prompts).
+    `prefetch`: run the prefetch-injection pass on every kernel (else only drop its annotations)."""
+    lw = _Lowering(g, target, knob_lookup, max_chunk, prefetch)
     for e in entries:
         lw.function(e)
     return Lowered(lw.bb.get(), lw.params, [info for _, info in lw.kernels.values()])

@@ -7,6 +7,7 @@ from typing import Iterator
 import numpy as np
 
 from ..quant import QuantType, pack_rows
+from ..quant.tiled import pack_tiled
 from .gguf_file import GGUFFile
 from .lower import ParamSpec
 
@@ -17,8 +18,9 @@ def pack_param(gf: GGUFFile, spec: ParamSpec) -> np.ndarray:
         arr = np.concatenate([gf.vector(s) for s in spec.sources]).astype(np.float32)
     else:
         qtype = QuantType[spec.qtype]
-        parts = [pack_rows(gf.raw(s), qtype)[spec.component] for s in spec.sources]
-        arr = np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
+        raw = np.concatenate([gf.raw(s) for s in spec.sources]) if len(spec.sources) > 1 else gf.raw(spec.sources[0])
+        pack = pack_tiled if spec.layout == "tile16" else pack_rows
+        arr = pack(raw, qtype)[spec.component]
     arr = np.ascontiguousarray(arr)
     if arr.shape != spec.shape or arr.dtype != np.dtype(spec.dtype):
         raise AssertionError(f"{spec.name}: packed {arr.shape} {arr.dtype}, expected {spec.shape} {spec.dtype}")
@@ -26,6 +28,6 @@ def pack_param(gf: GGUFFile, spec: ParamSpec) -> np.ndarray:
 
 
 def pack_params(gf: GGUFFile, specs: list[ParamSpec]) -> Iterator[tuple[ParamSpec, np.ndarray]]:
-    """Parameters one at a time (a fused weight's sources are read once per component)."""
+    """Parameters one at a time (a fused weight is packed once per component: simple, and cheap)."""
     for spec in specs:
         yield spec, pack_param(gf, spec)

@@ -6,9 +6,17 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from .graph import Graph
-from .passes import fuse_residual_add, fuse_rmsnorm_matmul, fuse_rope_kv_append, fuse_sibling_matmuls
+from .pass_context import PassContext
+from .passes import (
+    choose_weight_layout,
+    fuse_residual_add,
+    fuse_rmsnorm_matmul,
+    fuse_rope_kv_append,
+    fuse_sibling_matmuls,
+)
 
-Pass = Callable[[Graph], Graph]
+
+Pass = Callable[[Graph, PassContext], Graph]
 
 
 @dataclass(frozen=True)
@@ -27,6 +35,10 @@ PIPELINE: tuple[Phase, ...] = (
             fuse_rope_kv_append,  # rope(q), rope(k), kv-append -> one kernel
         ),
     ),
+    Phase(
+        "layout",
+        (choose_weight_layout,),  # per weight and target: GGUF rows, or 16-row tiles for VNNI
+    ),
 )
 
 
@@ -34,7 +46,7 @@ def pass_names(pipeline: Sequence[Phase] = PIPELINE) -> list[str]:
     return [p.__name__ for phase in pipeline for p in phase.passes]
 
 
-def run_pipeline(g: Graph, pipeline: Sequence[Phase] = PIPELINE, disable: Sequence[str] = ()) -> Graph:
+def run_pipeline(g: Graph, ctx: PassContext, pipeline: Sequence[Phase] = PIPELINE, disable: Sequence[str] = ()) -> Graph:
     """Apply every pass not named in `disable`, checking the graph's invariants after each."""
     unknown = set(disable) - set(pass_names(pipeline))
     if unknown:
@@ -43,6 +55,6 @@ def run_pipeline(g: Graph, pipeline: Sequence[Phase] = PIPELINE, disable: Sequen
         for p in phase.passes:
             if p.__name__ in disable:
                 continue
-            g = p(g)
+            g = p(g, ctx)
             g.check()
     return g

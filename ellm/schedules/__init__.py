@@ -10,9 +10,12 @@ from .gemm import GemmRule
 from .gemv import GemvRule
 from .rope import KvAppendRule, RopeKvAppendRule, RopeRule
 from .rule import KernelRequest, Knob, Rule
+from .vnni import VnniGemmRule, VnniGemvRule
 
 # First match wins: specialised rules before general ones.
 RULES: tuple[Rule, ...] = (
+    VnniGemvRule(),
+    VnniGemmRule(),
     GemvRule(),
     GemmRule(),
     EmbeddingRule(),

@@ -116,3 +116,55 @@ def dequant_kernel(fmt: WeightFormat, rows: int, cols: int):
     sch.parallel(sch.get_loops(block)[0])
     split_row_loop(sch, block, fmt)
     return sch.mod["main"]
+
+
+def dequant_tiled(qtype: QuantType, w: Mapping[str, te.Tensor], n, k) -> tirx.PrimExpr:
+    """float32 value of weight (row n, input k) from tile16 components (quant/tiled.py), bit-exact with GGUF."""
+    tile, r = n // 16, n % 16
+    if qtype is QuantType.F32:
+        return w["w"][tile, k, r]
+    if qtype is QuantType.F16:
+        return _f(w["w"][tile, k, r])
+    if qtype is QuantType.BF16:
+        return tirx.reinterpret(F32, w["w"][tile, k, r].astype("uint32") << tirx.const(16, "uint32"))
+
+    def nibble(buf):  # byte j of the octet word: input j low nibble, input j + 4 high nibble
+        j = k % 8
+        shift = (j % 4) * 8 + (j // 4) * 4
+        return (buf[tile, k // 8, r] >> tirx.Cast("uint32", shift)) & tirx.const(0xF, "uint32")
+
+    if qtype is QuantType.Q8_0:
+        byte = (w["qs"][tile, k // 4, r] >> tirx.Cast("uint32", (k % 4) * 8)) & tirx.const(0xFF, "uint32")
+        return _f(byte.astype("int32") - 128) * _f(w["d"][tile, k // 32, r])
+    if qtype is QuantType.Q4_0:
+        return _f(w["d"][tile, k // 32, r]) * _f(nibble(w["qs"]).astype("int32") - 8)
+    if qtype is QuantType.Q4_1:
+        return _f(w["d"][tile, k // 32, r]) * _f(nibble(w["qs"])) + _f(w["m"][tile, k // 32, r])
+    if qtype is QuantType.Q4_K:
+        scale = _f(w["d"][tile, k // 256, r]) * _f(w["sc"][tile, k // 32, r])
+        minimum = _f(w["dmin"][tile, k // 256, r]) * _f(w["mn"][tile, k // 32, r])
+        return scale * _f(nibble(w["qs"])) - minimum
+    if qtype is QuantType.Q6_K:
+        j, odd = k % 8, (k // 8) % 2
+        shift = (j % 4) * 8 + (j // 4) * 2 + (1 - odd) * 4
+        hi = (w["qh"][tile, k // 16, r] >> tirx.Cast("uint32", shift)) & tirx.const(3, "uint32")
+        q6 = (nibble(w["ql"]) | (hi << tirx.const(4, "uint32"))).astype("int32") - 32
+        return (_f(w["d"][tile, k // 256, r]) * _f(w["sc"][tile, k // 16, r])) * _f(q6)
+    raise AssertionError(qtype)
+
+
+def tiled_placeholders(qtype: QuantType, rows: int, cols: int, prefix: str = "w") -> dict[str, te.Tensor]:
+    from ..quant.tiled import TILED_COMPONENTS
+
+    return {c.name: te.placeholder(c.shape(rows, cols), c.dtype, name=f"{prefix}_{c.name}") for c in TILED_COMPONENTS[qtype]}
+
+
+def dequant_tiled_kernel(qtype: QuantType, rows: int, cols: int):
+    """Expand a tile16 weight to float32 [rows, cols] (tests and debugging)."""
+    import tvm
+
+    w = tiled_placeholders(qtype, rows, cols)
+    out = te.compute((rows, cols), lambda n, k: dequant_tiled(qtype, w, n, k), name="deq")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([*w.values(), out]))
+    sch.parallel(sch.get_loops(sch.get_sblock("deq"))[0])
+    return sch.mod["main"]

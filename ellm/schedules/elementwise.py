@@ -10,7 +10,7 @@ from tvm import te
 from ..compiler.graph import OpKind
 from ..quant import FORMATS
 from ..targets import TargetPreset
-from .dequant import dequant, split_k, split_row_loop, weight_placeholders
+from .dequant import dequant, dequant_tiled, split_k, split_row_loop, tiled_placeholders, weight_placeholders
 from .matmul import token_dim
 from .rule import KernelRequest, Rule
 from .vecmath import sigmoid_f32
@@ -41,6 +41,12 @@ class EmbeddingRule(Rule):
         vocab, dim = req.weight_shape
         M = token_dim(req)
         tokens = te.placeholder((M,), "int32", name="tokens")
+        if req.attr("layout") == "tile16":  # tied with an LM head in 16-row tiles: gather the row's lanes
+            w = tiled_placeholders(req.qtype, vocab, dim)
+            out = te.compute((M, dim), lambda t, c: dequant_tiled(req.qtype, w, tokens[t], c), name="embed")
+            sch = tvm.s_tir.Schedule(te.create_prim_func([tokens, *w.values(), out]))
+            sch.parallel(sch.get_loops(sch.get_sblock("embed"))[0])
+            return sch.mod["main"]
         w = weight_placeholders(fmt, vocab, dim)
         out = te.compute((M, dim), lambda t, c: dequant(fmt, w, tokens[t], *split_k(fmt, c)), name="embed")
         sch = tvm.s_tir.Schedule(te.create_prim_func([tokens, *w.values(), out]))

@@ -21,7 +21,9 @@ class GemmRule(Rule):
     )
 
     def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
-        return req.kind in (OpKind.MATMUL, OpKind.LM_HEAD) and req.m != 1 and req.in_cols[0] is None
+        return (
+            req.kind in (OpKind.MATMUL, OpKind.LM_HEAD) and req.m != 1 and req.in_cols[0] is None and req.attr("layout", "rows") == "rows"
+        )
 
     def default_knobs(self, req: KernelRequest, target: TargetPreset) -> dict[str, int]:
         knobs = super().default_knobs(req, target)

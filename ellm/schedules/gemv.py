@@ -25,7 +25,9 @@ class GemvRule(Rule):
     )
 
     def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
-        return req.kind in (OpKind.MATMUL, OpKind.LM_HEAD) and req.m == 1 and req.in_cols[0] is None
+        return (
+            req.kind in (OpKind.MATMUL, OpKind.LM_HEAD) and req.m == 1 and req.in_cols[0] is None and req.attr("layout", "rows") == "rows"
+        )
 
     def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
         st = matmul_stages(req, weight_tile=False)

@@ -49,15 +49,25 @@ def exp_f32(x: tirx.PrimExpr) -> tirx.PrimExpr:
     return tirx.Select(underflow, _const(0.0, x), p * scale)
 
 
-def hsum(v: tirx.PrimExpr) -> tirx.PrimExpr:
-    """Sum of a vector's lanes by halving (log2(lanes) shuffles and adds)."""
+def hreduce(v: tirx.PrimExpr, combine) -> tirx.PrimExpr:
+    """Combine a vector's lanes pairwise by halving: log2(lanes) shuffles and `combine` steps."""
     v = _expr(v)
     n = lanes(v)
     while n > 1:
         half = n // 2
-        v = tirx.Shuffle([v], list(range(half))) + tirx.Shuffle([v], list(range(half, n)))
+        v = combine(tirx.Shuffle([v], list(range(half))), tirx.Shuffle([v], list(range(half, n))))
         n = half
     return v
+
+
+def hsum(v: tirx.PrimExpr) -> tirx.PrimExpr:
+    """Sum of a vector's lanes."""
+    return hreduce(v, lambda a, b: a + b)
+
+
+def hmax(v: tirx.PrimExpr) -> tirx.PrimExpr:
+    """Largest lane of a vector."""
+    return hreduce(v, tirx.max)
 
 
 def sigmoid_f32(x: tirx.PrimExpr) -> tirx.PrimExpr:

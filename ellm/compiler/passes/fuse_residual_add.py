@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..pass_context import PassContext
 from ..graph import Graph, OpKind
 
 
-def fuse_residual_add(g: Graph) -> Graph:
+def fuse_residual_add(g: Graph, ctx: PassContext) -> Graph:
     g = g.copy()
     for name in g.names(OpKind.ADD):
         op = g.op(name)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..pass_context import PassContext
 from ..graph import Graph, OpKind, Use
 
 _MATMULS = (OpKind.MATMUL, OpKind.LM_HEAD)
 
 
-def fuse_rmsnorm_matmul(g: Graph) -> Graph:
+def fuse_rmsnorm_matmul(g: Graph, ctx: PassContext) -> Graph:
     g = g.copy()
     for name in g.names(OpKind.RMSNORM):
         op = g.op(name)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..pass_context import PassContext
 from ..graph import Graph, Op, OpKind, Use, attrs
 
 
-def fuse_rope_kv_append(g: Graph) -> Graph:
+def fuse_rope_kv_append(g: Graph, ctx: PassContext) -> Graph:
     g = g.copy()
     for name in g.names(OpKind.KV_APPEND):
         op = g.op(name)

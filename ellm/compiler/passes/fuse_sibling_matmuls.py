@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import replace
 
+from ..pass_context import PassContext
 from ..graph import Graph, OpKind, TensorType, VectorRef, WeightRef
 
 
@@ -16,7 +17,7 @@ def _fused_name(names: list[str]) -> str:
     return "+".join(names)
 
 
-def fuse_sibling_matmuls(g: Graph) -> Graph:
+def fuse_sibling_matmuls(g: Graph, ctx: PassContext) -> Graph:
     g = g.copy()
     groups: dict[tuple, list[str]] = defaultdict(list)
     for name, op in g.nodes():

@@ -1,0 +1,27 @@
+"""What graph passes may depend on besides the graph itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..targets import TargetPreset
+
+ACTIVATIONS = ("int8", "int16", "f32")
+
+
+@dataclass(frozen=True)
+class PassContext:
+    """What passes may depend on besides the graph: the target, and the activation precision of matmuls."""
+
+    target: TargetPreset
+    # Matmul activations: "int8" / "int16" quantised per 32 inputs for VNNI integer dot products
+    # (int16 as two int8 halves: twice the dot products, near-float accuracy); "f32": float kernels.
+    activations: str = "int16"
+
+    def __post_init__(self) -> None:
+        if self.activations not in ACTIVATIONS:
+            raise ValueError(f"activations must be one of {ACTIVATIONS}, got {self.activations!r}")
+
+    @property
+    def integer(self) -> bool:
+        return self.activations in ("int8", "int16")
