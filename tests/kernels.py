@@ -24,8 +24,12 @@ def run(ex, *arrays, scalars=(), name="main"):
     return tensors
 
 
-def matmul_request(qtype, n, k, m=None, norm=False, bias=False, residual=False, last_row=False, kind=OpKind.MATMUL):
-    attrs = {}
+def matmul_request(
+    qtype, n, k, m=None, norm=False, bias=False, residual=False, last_row=False, kind=OpKind.MATMUL, layout="rows", act_bits=None
+):
+    attrs = {"layout": layout}
+    if act_bits:
+        attrs["act_bits"] = act_bits
     if norm:
         attrs["norm_eps"] = 1e-5
     if residual:
@@ -39,5 +43,8 @@ def matmul_request(qtype, n, k, m=None, norm=False, bias=False, residual=False, 
 
 
 def build_request(req, knobs=None):
+    """(rule, kernel) as lowering builds it: the selected rule, then the prefetch-injection pass."""
+    from ellm.schedules.inject_prefetch import inject_prefetch
+
     rule = select_rule(req, PRESET)
-    return rule, rule.build(req, PRESET, rule.resolve_knobs(req, PRESET, knobs))
+    return rule, inject_prefetch(rule.build(req, PRESET, rule.resolve_knobs(req, PRESET, knobs)))

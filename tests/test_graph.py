@@ -10,8 +10,12 @@ from ellm.compiler.gguf_file import GGUFFile
 from ellm.compiler.graph import OpKind, Use
 from ellm.compiler.import_llama import import_llama
 from ellm.compiler.passes import fuse_residual_add, fuse_rmsnorm_matmul, fuse_rope_kv_append, fuse_sibling_matmuls
+from ellm.compiler.pass_context import PassContext
 from ellm.compiler.pipeline import run_pipeline
 from ellm.config import ModelConfig
+from ellm.targets import get_preset
+
+CTX = PassContext(get_preset("znver4"), "int16")
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +36,7 @@ def test_import_has_one_node_per_reference_op(smol):
 
 
 def test_fuse_sibling_matmuls(smol):
-    g = fuse_sibling_matmuls(smol)
+    g = fuse_sibling_matmuls(smol, CTX)
     qkv = g.op("blk.0.attn_q+attn_k+attn_v")
     assert qkv.weight.rows == 576 + 192 + 192 and qkv.weight.sources == (
         "blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight",
@@ -45,12 +49,12 @@ def test_fuse_sibling_matmuls(smol):
 def test_sibling_fusion_respects_weight_types(tmp_path):
     path = write_model(tmp_path / "m.gguf", types={"v": G.Q6_K})
     gf = GGUFFile(path)
-    g = fuse_sibling_matmuls(import_llama(gf, ModelConfig.from_gguf(gf)))
+    g = fuse_sibling_matmuls(import_llama(gf, ModelConfig.from_gguf(gf)), CTX)
     assert "blk.0.attn_q+attn_k" in g.g and "blk.0.attn_v" in g.g  # V has another type: left alone
 
 
 def test_fuse_rmsnorm_matmul(smol):
-    g = fuse_rmsnorm_matmul(fuse_sibling_matmuls(smol))
+    g = fuse_rmsnorm_matmul(fuse_sibling_matmuls(smol, CTX), CTX)
     assert "rmsnorm" not in g.op_counts()
     qkv = g.op("blk.0.attn_q+attn_k+attn_v")
     assert qkv.vector("norm").name == "blk.0.attn_norm.weight" and qkv.attr("norm_eps") > 0
@@ -58,15 +62,15 @@ def test_fuse_rmsnorm_matmul(smol):
 
 
 def test_fuse_residual_add(smol):
-    g = fuse_residual_add(smol)
+    g = fuse_residual_add(smol, CTX)
     assert "add" not in g.op_counts()
     o = g.op("blk.0.attn_output")
     assert o.attr("residual") and o.inputs == (Use("blk.0.attention"), Use("embed"))
 
 
 def test_fuse_rope_kv_append_needs_fused_qkv(smol):
-    assert "rope_kv_append" not in fuse_rope_kv_append(smol).op_counts()
-    g = fuse_rope_kv_append(fuse_sibling_matmuls(smol))
+    assert "rope_kv_append" not in fuse_rope_kv_append(smol, CTX).op_counts()
+    g = fuse_rope_kv_append(fuse_sibling_matmuls(smol, CTX), CTX)
     counts = g.op_counts()
     assert counts["rope_kv_append"] == 30 and "rope" not in counts and "kv_append" not in counts
     # the cache is threaded through the layers in order
@@ -75,7 +79,7 @@ def test_fuse_rope_kv_append_needs_fused_qkv(smol):
 
 
 def test_pipeline_result(smol):
-    g = run_pipeline(smol)
+    g = run_pipeline(smol, CTX)
     assert dict(g.op_counts()) == {"embedding": 1, "matmul": 120, "rope_kv_append": 30, "attention": 30, "silu_mul": 30, "lm_head": 1}
     assert sum(w.nbytes for w in g.weights()) == sum(w.nbytes for w in smol.weights())
 

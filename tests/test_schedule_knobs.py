@@ -3,34 +3,41 @@
 from __future__ import annotations
 
 import pytest
-from kernels import PRESET, TARGET, matmul_request
+from kernels import PRESET, TARGET, build_request, matmul_request
 
 import tvm
 from ellm.compiler.graph import OpKind, TensorType
 from ellm.quant import QuantType
 from ellm.schedules import RULES, KernelRequest, select_rule
 
-REQUESTS = {
-    "gemv": matmul_request(QuantType.Q4_1, 256, 512, m=1),
-    "gemm": matmul_request(QuantType.Q4_1, 192, 512, m=None),
-    "rmsnorm": KernelRequest(OpKind.RMSNORM, None, (TensorType(("T", 512)),), (None,), (TensorType(("T", 512)),), attrs=(("eps", 1e-5),)),
-    "silu_mul": KernelRequest(OpKind.SILU_MUL, None, (TensorType(("T", 512)),) * 2, (None, None), (TensorType(("T", 512)),)),
-    "add": KernelRequest(OpKind.ADD, None, (TensorType(("T", 512)),) * 2, (None, None), (TensorType(("T", 512)),)),
-    "attention": KernelRequest(
+def _attention(m):
+    return KernelRequest(
         OpKind.ATTENTION,
-        None,
+        m,
         (TensorType(("T", 256)), TensorType((2, 2, "C", 64), "float16")),
         (None, None),
         (TensorType(("T", 256)),),
         attrs=(("n_heads", 4),),
-    ),
+    )
+
+
+REQUESTS = {
+    "gemv": matmul_request(QuantType.Q4_1, 256, 512, m=1),
+    "gemm": matmul_request(QuantType.Q4_1, 192, 512, m=None),
+    "vnni_gemv": matmul_request(QuantType.Q4_1, 256, 512, m=1, layout="tile16", act_bits=16),
+    "vnni_gemm": matmul_request(QuantType.Q4_1, 256, 512, m=None, layout="tile16", act_bits=16),
+    "attention_decode": _attention(1),
+    "rmsnorm": KernelRequest(OpKind.RMSNORM, None, (TensorType(("T", 512)),), (None,), (TensorType(("T", 512)),), attrs=(("eps", 1e-5),)),
+    "silu_mul": KernelRequest(OpKind.SILU_MUL, None, (TensorType(("T", 512)),) * 2, (None, None), (TensorType(("T", 512)),)),
+    "add": KernelRequest(OpKind.ADD, None, (TensorType(("T", 512)),) * 2, (None, None), (TensorType(("T", 512)),)),
+    "attention": _attention(None),
 }
 CASES = [(rule, knob, choice) for rule in RULES for knob in rule.knobs for choice in knob.choices if choice != knob.default]
 
 
 def _asm(rule, knobs) -> str:
-    req = REQUESTS[rule.name]
-    func = rule.build(req, PRESET, rule.resolve_knobs(req, PRESET, knobs))
+    built, func = build_request(REQUESTS[rule.name], knobs)
+    assert built is rule
     return tvm.compile(func, target=TARGET).mod.inspect_source("asm")
 
 

@@ -37,7 +37,7 @@ def _inputs(func, req: KernelRequest, wl: Workload, rng) -> list:
     import tvm
 
     m = req.m if req.m is not None else wl.tokens
-    sizes = {"T": m, "n": m, "C": wl.ctx}
+    sizes = {"T": m, "n": m, "C": wl.ctx, "CB": -(-wl.ctx // 16)}  # CB: K cache blocks of 16 keys
     args = []
     for p in func.params:
         if not isinstance(p.ty, tvm.ir.PrimType):  # a buffer parameter
@@ -47,8 +47,9 @@ def _inputs(func, req: KernelRequest, wl: Workload, rng) -> list:
                 arr = (rng.standard_normal(shape) * 0.1).astype(dtype)
             elif dtype == "int32":  # token ids
                 arr = np.zeros(shape, np.int32)
-            else:
-                arr = rng.integers(0, 256, shape, dtype=np.uint8).view(dtype)
+            else:  # packed quants, scales as raw bytes
+                nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+                arr = rng.integers(0, 256, nbytes, dtype=np.uint8).view(dtype).reshape(shape)
             args.append(tvm.runtime.tensor(arr))
         else:
             args.append({"pos": wl.ctx - m, "layer": 0}[str(p.name)])

@@ -20,7 +20,7 @@ from .gguf_file import GGUFFile
 from .graph import Graph
 from .import_llama import KV_DTYPES, import_llama
 from .inspect import decode_weight_bytes
-from .lower import ENTRIES, lower
+from .lower import ENTRIES, KV_K_BLOCK, lower
 from .pack_weights import pack_params
 from .pass_context import ACTIVATIONS, PassContext
 from .pipeline import pass_names, run_pipeline
@@ -128,7 +128,12 @@ def compile_model(
                 "tvm": preset.target_json(),
                 "required_cpu_features": compute_features(preset.llvm_features),
             },
-            "kv_cache": {"dtype": options.kv_dtype, "layout": "[n_layers, n_kv_heads, ctx, head_dim]"},
+            "kv_cache": {
+                "dtype": options.kv_dtype,
+                "k_block": KV_K_BLOCK,
+                "k_layout": "[n_layers, n_kv_heads, ctx/k_block, head_dim, k_block]",
+                "v_layout": "[n_layers, n_kv_heads, ctx, head_dim]",
+            },
             "activations": pass_context(options, preset).activations,
             "prefetch": options.prefetch,
             "entries": [{"name": e.name, "tokens": e.m, "logits": "last" if e.last_only else "all"} for e in ENTRIES],

@@ -11,6 +11,7 @@ from tvm import relax, tirx
 from ..quant import FORMATS
 from ..quant.tiled import TILED_COMPONENTS
 from ..schedules import KernelRequest, select_rule
+from ..schedules.attention import KB as KV_K_BLOCK
 from ..schedules.inject_prefetch import inject_prefetch
 from ..targets import TargetPreset
 from .graph import Graph, Op, OpKind, TensorType, Use, WeightRef
@@ -88,6 +89,15 @@ def param_specs(g: Graph) -> list[ParamSpec]:
     return specs
 
 
+def kv_types(cache_t: TensorType, C) -> tuple[relax.TensorType, relax.TensorType]:
+    """K: [n_layers, n_kv_heads, ctx/16, head_dim, 16] (keys transposed in blocks), V: [n_layers, n_kv_heads, ctx, head_dim]."""
+    L, Hkv, _, hd = (int(d) if d != "C" else d for d in cache_t.shape)
+    return (
+        relax.TensorType([L, Hkv, tirx.Var("CB", "int64"), hd, KV_K_BLOCK], cache_t.dtype),
+        relax.TensorType([L, Hkv, C, hd], cache_t.dtype),
+    )
+
+
 def _rtype(t: TensorType, T, C) -> relax.TensorType:
     dims = [T if d == "T" else C if d == "C" else int(d) for d in t.shape]
     return relax.TensorType(dims, t.dtype)
@@ -144,8 +154,9 @@ class _Lowering:
         tokens = relax.Var("tokens", relax.TensorType([T], "int32"))
         pos = relax.Var("pos", tvm.ir.PrimType("int64"))  # position of the first new token
         rope = relax.Var("rope", relax.TensorType([C, self._rope_dim()], "float32"))  # [ctx, cos | sin]
-        kc = relax.Var("k_cache", _rtype(cache_t, T, C))
-        vc = relax.Var("v_cache", _rtype(cache_t, T, C))
+        self.k_type, self.v_type = kv_types(cache_t, C)
+        kc = relax.Var("k_cache", self.k_type)
+        vc = relax.Var("v_cache", self.v_type)
         params = relax.Var(
             "params", relax.TupleType([relax.TensorType(list(p.shape), p.dtype) for p in self.params])
         )
@@ -198,13 +209,12 @@ class _Lowering:
             return [bb.emit(relax.call_tir(gv, [ins[0], rope, pos], outs[0]))]
         if k is OpKind.KV_APPEND:
             (kc, vc), k_in, v_in = ins
-            res = bb.emit(relax.call_tir_inplace(gv, [kc, vc, k_in, v_in, pos, layer], [0, 1], [outs[0], outs[0]]))
+            res = bb.emit(relax.call_tir_inplace(gv, [kc, vc, k_in, v_in, pos, layer], [0, 1], [self.k_type, self.v_type]))
             return [(bb.emit(relax.TupleGetItem(res, 0)), bb.emit(relax.TupleGetItem(res, 1)))]
         if k is OpKind.ROPE_KV_APPEND:
             (kc, vc), qkv = ins
-            cache_ty = outs[1]
             res = bb.emit(
-                relax.call_tir_inplace(gv, [kc, vc, qkv, rope, pos, layer], [0, 1, -1], [cache_ty, cache_ty, outs[0]])
+                relax.call_tir_inplace(gv, [kc, vc, qkv, rope, pos, layer], [0, 1, -1], [self.k_type, self.v_type, outs[0]])
             )
             cache = (bb.emit(relax.TupleGetItem(res, 0)), bb.emit(relax.TupleGetItem(res, 1)))
             return [bb.emit(relax.TupleGetItem(res, 2)), cache]

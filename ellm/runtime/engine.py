@@ -86,10 +86,13 @@ class Engine:
         self._fn = {e["name"]: self._vm[e["name"]] for e in artifact.manifest["entries"]}
         self._params = tvm.runtime.convert([tvm.runtime.from_dlpack(a) for a in artifact.map_params()])
         self._rope = tvm.runtime.tensor(rope_table(cfg, self.ctx_size))
-        # [n_layers, n_kv_heads, ctx, head_dim]; only positions < len(cache.tokens) are ever read.
-        shape = (cfg.n_layers, cfg.n_kv_heads, self.ctx_size, cfg.head_dim)
-        self._k = tvm.runtime.empty(shape, artifact.kv_dtype, tvm.cpu())
-        self._v = tvm.runtime.empty(shape, artifact.kv_dtype, tvm.cpu())
+        # K: [n_layers, n_kv_heads, ctx/16, head_dim, 16], V: [n_layers, n_kv_heads, ctx, head_dim];
+        # only positions < len(cache.tokens) are ever read.
+        kb = int(artifact.manifest["kv_cache"]["k_block"])
+        blocks = -(-self.ctx_size // kb)
+        L, Hkv, hd = cfg.n_layers, cfg.n_kv_heads, cfg.head_dim
+        self._k = tvm.runtime.empty((L, Hkv, blocks, hd, kb), artifact.kv_dtype, tvm.cpu())
+        self._v = tvm.runtime.empty((L, Hkv, self.ctx_size, hd), artifact.kv_dtype, tvm.cpu())
         self._cache = _Cache()
         self.stats = GenerationStats()
 
@@ -113,7 +116,7 @@ class Engine:
 
     def kv_bytes(self) -> int:
         """Bytes allocated for the K and V caches."""
-        return 2 * int(np.prod(self._k.shape)) * np.dtype(self.artifact.kv_dtype).itemsize
+        return (int(np.prod(self._k.shape)) + int(np.prod(self._v.shape))) * np.dtype(self.artifact.kv_dtype).itemsize
 
     # --- forward steps -----------------------------------------------------------------------
     def _check_ids(self, ids: Sequence[int]) -> np.ndarray:

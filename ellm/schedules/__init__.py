@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import EllmError
 from ..targets import TargetPreset
-from .attention import AttentionRule
+from .attention import AttentionDecodeRule, AttentionPrefillRule
 from .elementwise import AddRule, EmbeddingRule, RmsNormRule, SiluMulRule
 from .gemm import GemmRule
 from .gemv import GemvRule
@@ -23,7 +23,8 @@ RULES: tuple[Rule, ...] = (
     RopeKvAppendRule(),
     RopeRule(),
     KvAppendRule(),
-    AttentionRule(),
+    AttentionDecodeRule(),
+    AttentionPrefillRule(),
     SiluMulRule(),
     AddRule(),
 )

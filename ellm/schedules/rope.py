@@ -1,5 +1,7 @@
 """RoPE and KV-cache append kernels (TVMScript: they write the cache in place).
 
+The cache layout is attention.py's: K transposed in blocks of 16 keys, V row-major.
+
 The rotation table is an input, `rope[pos, :half] = cos`, `rope[pos, half:] = sin`, computed once per
 engine in float64 (so scaling variants live in one NumPy function, runtime/rope.py).
 Adjacent-pair models (llama GGUF) rotate (2i, 2i+1); NeoX-style models (qwen2) rotate (i, i + half).
@@ -13,6 +15,7 @@ from tvm.script import tirx as T
 
 from ..compiler.graph import OpKind
 from ..targets import TargetPreset
+from .attention import KB
 from .rule import KernelRequest, Rule
 
 
@@ -91,15 +94,15 @@ class KvAppendRule(Rule):
         @T.prim_func
         def kv_append(kc_h: T.handle, vc_h: T.handle, k_h: T.handle, v_h: T.handle, pos: T.int64, layer: T.int64):
             T.func_attr({"tirx.noalias": True})
-            n, C = T.int64(), T.int64()
-            kc = T.match_buffer(kc_h, (L, Hkv, C, hd), dt)  # [n_layers, n_kv_heads, ctx, head_dim]
-            vc = T.match_buffer(vc_h, (L, Hkv, C, hd), dt)
+            n, C, CB = T.int64(), T.int64(), T.int64()
+            kc = T.match_buffer(kc_h, (L, Hkv, CB, hd, KB), dt)  # [n_layers, n_kv_heads, ctx/16, head_dim, 16]
+            vc = T.match_buffer(vc_h, (L, Hkv, C, hd), dt)  # [n_layers, n_kv_heads, ctx, head_dim]
             k = T.match_buffer(k_h, (n, Wk), "float32")
             v = T.match_buffer(v_h, (n, Wv), "float32")
             for t in T.parallel(n):
                 for h in range(Hkv):
                     for d in T.vectorized(hd):
-                        kc[layer, h, pos + t, d] = T.Cast(dt, k[t, k0 + h * hd + d])
+                        kc[layer, h, (pos + t) // KB, d, (pos + t) % KB] = T.Cast(dt, k[t, k0 + h * hd + d])
                         vc[layer, h, pos + t, d] = T.Cast(dt, v[t, v0 + h * hd + d])
 
         return kv_append
@@ -126,9 +129,9 @@ class RopeKvAppendRule(Rule):
             kc_h: T.handle, vc_h: T.handle, qkv_h: T.handle, tab_h: T.handle, pos: T.int64, layer: T.int64, q_h: T.handle
         ):
             T.func_attr({"tirx.noalias": True})
-            n, C = T.int64(), T.int64()
-            kc = T.match_buffer(kc_h, (L, Hkv, C, hd), dt)  # [n_layers, n_kv_heads, ctx, head_dim]
-            vc = T.match_buffer(vc_h, (L, Hkv, C, hd), dt)
+            n, C, CB = T.int64(), T.int64(), T.int64()
+            kc = T.match_buffer(kc_h, (L, Hkv, CB, hd, KB), dt)  # [n_layers, n_kv_heads, ctx/16, head_dim, 16]
+            vc = T.match_buffer(vc_h, (L, Hkv, C, hd), dt)  # [n_layers, n_kv_heads, ctx, head_dim]
             qkv = T.match_buffer(qkv_h, (n, W), "float32")  # [T, q | k | v]
             tab = T.match_buffer(tab_h, (C, rd), "float32")
             q = T.match_buffer(q_h, (n, H * hd), "float32")
@@ -141,10 +144,10 @@ class RopeKvAppendRule(Rule):
                         q[t, h * hd + d] = qkv[t, h * hd + d]
                 for h in range(Hkv):
                     for i in T.vectorized(half):
-                        kc[layer, h, pos + t, p0(i)] = T.Cast(dt, first(qkv, tab, pos, t, k0 + h * hd, i))
-                        kc[layer, h, pos + t, p1(i)] = T.Cast(dt, second(qkv, tab, pos, t, k0 + h * hd, i))
+                        kc[layer, h, (pos + t) // KB, p0(i), (pos + t) % KB] = T.Cast(dt, first(qkv, tab, pos, t, k0 + h * hd, i))
+                        kc[layer, h, (pos + t) // KB, p1(i), (pos + t) % KB] = T.Cast(dt, second(qkv, tab, pos, t, k0 + h * hd, i))
                     for d in range(rd, hd):
-                        kc[layer, h, pos + t, d] = T.Cast(dt, qkv[t, k0 + h * hd + d])
+                        kc[layer, h, (pos + t) // KB, d, (pos + t) % KB] = T.Cast(dt, qkv[t, k0 + h * hd + d])
                     for d in T.vectorized(hd):
                         vc[layer, h, pos + t, d] = T.Cast(dt, qkv[t, v0 + h * hd + d])
 
