@@ -6,7 +6,7 @@ import numpy as np
 import tvm
 
 from ellm.compiler.graph import OpKind, TensorType
-from ellm.schedules import KernelRequest, select_rule
+from ellm.schedules import KernelRequest, select_rule  # noqa: F401  (re-exported for tests)
 from ellm.targets import get_preset
 
 PRESET = get_preset("znver4")

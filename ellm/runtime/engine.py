@@ -81,6 +81,10 @@ class Engine:
             raise EllmError(f"prefill_chunk must be between 1 and the artifact's max_chunk {max_chunk}, got {prefill_chunk}")
         self.tokenizer = artifact.tokenizer()
         set_threads(self.threads)
+        if any(f.startswith("amx") for f in artifact.manifest["target"]["required_cpu_features"]):
+            from .amx import request_amx_permission
+
+            request_amx_permission()
 
         self._vm = relax.VirtualMachine(artifact.load_module(), tvm.cpu())
         self._fn = {e["name"]: self._vm[e["name"]] for e in artifact.manifest["entries"]}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..errors import EllmError
 from ..targets import TargetPreset
+from .amx import AmxGemmRule
 from .attention import AttentionDecodeRule, AttentionPrefillRule
 from .elementwise import AddRule, EmbeddingRule, RmsNormRule, SiluMulRule
 from .gemm import GemmRule
@@ -14,6 +15,7 @@ from .vnni import VnniGemmRule, VnniGemvRule
 
 # First match wins: specialised rules before general ones.
 RULES: tuple[Rule, ...] = (
+    AmxGemmRule(),
     VnniGemvRule(),
     VnniGemmRule(),
     GemvRule(),

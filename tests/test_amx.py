@@ -1,0 +1,63 @@
+"""AMX prefill kernels: layouts and scaling checked on a software model of the tile unit; code generation
+checked in Sapphire Rapids assembly; the real instructions run only where the CPU has AMX."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as G
+from gguf.quants import dequantize
+from kernels import build, matmul_request, run
+from quantizers import quantize
+
+import tvm
+from ellm.quant import QuantType
+from ellm.quant.tiled import TILED_COMPONENTS, pack_tiled
+from ellm.schedules import select_rule
+from ellm.schedules.amx import build_amx_matmul
+from ellm.targets import get_preset, host_cpuinfo_flags
+
+SPR = get_preset("sapphirerapids")
+TYPES = [QuantType.Q4_0, QuantType.Q4_1, QuantType.Q8_0, QuantType.Q4_K, QuantType.Q6_K]
+
+
+def _case(qtype, bits, m=37, n=32, k=512, seed=0):
+    rng = np.random.default_rng(seed)
+    raw = quantize(rng.standard_normal((n, k)).astype(np.float32) * 0.05, int(qtype))
+    W = dequantize(raw, G(int(qtype))).reshape(n, k).astype(np.float64)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    r = rng.standard_normal((m, n)).astype(np.float32)
+    req = matmul_request(qtype, n, k, m=None, layout="tile16", act_bits=bits, residual=True)
+    args = [x, r, *[pack_tiled(raw, qtype)[c.name] for c in TILED_COMPONENTS[qtype]], np.zeros((m, n), np.float32)]
+    return req, args, x.astype(np.float64) @ W.T + r
+
+
+@pytest.mark.parametrize("bits", [16, 8])
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
+def test_amx_kernel_on_software_tiles(qtype, bits):
+    """37 tokens: two 16-token AMX tiles and 5 tokens on the VNNI tail."""
+    req, args, ref = _case(qtype, bits)
+    out = run(build(build_amx_matmul(req, emulate=True)), *args, name="amx_matmul")[-1].numpy()
+    assert np.abs(out - ref).max() <= (1e-4 if bits == 16 else 3e-2) * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
+def test_amx_instructions_in_assembly(qtype):
+    req, _, _ = _case(qtype, 16)
+    rule = select_rule(req, SPR)
+    assert rule.name == "amx_gemm"
+    asm = tvm.compile(rule.build(req, SPR, {}), target=SPR.tvm_target()).mod.inspect_source("asm")
+    for ins in ("ldtilecfg", "tileloadd", "tdpbsud", "tilestored", "tilerelease"):
+        assert ins in asm, ins
+
+
+@pytest.mark.skipif(not {"amx_tile", "amx_int8"} <= host_cpuinfo_flags(), reason="this CPU has no AMX")
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
+def test_amx_kernel_on_hardware(qtype):
+    from ellm.runtime.amx import request_amx_permission
+
+    request_amx_permission()
+    req, args, ref = _case(qtype, 16)
+    ex = tvm.compile(build_amx_matmul(req), target=SPR.tvm_target())
+    out = run(ex, *args, name="amx_matmul")[-1].numpy()
+    assert np.abs(out - ref).max() <= 1e-4 * np.abs(ref).max()
