@@ -80,8 +80,19 @@ def test_fuse_rope_kv_append_needs_fused_qkv(smol):
 
 def test_pipeline_result(smol):
     g = run_pipeline(smol, CTX)
-    assert dict(g.op_counts()) == {"embedding": 1, "matmul": 120, "rope_kv_append": 30, "attention": 30, "silu_mul": 30, "lm_head": 1}
+    assert dict(g.op_counts()) == {"embedding": 1, "matmul": 60, "rope_kv_append": 30, "attention": 30, "ffn": 30, "lm_head": 1}
     assert sum(w.nbytes for w in g.weights()) == sum(w.nbytes for w in smol.weights())
+    ffn = g.op("blk.0.ffn")
+    assert [w.name for w in ffn.weights] == ["blk.0.ffn_gate+ffn_up.weight", "blk.0.ffn_down.weight"]
+    assert all(w.layout == "tile16" for w in ffn.weights) and ffn.attr("d_ff") == 1536
+
+
+def test_float_path_keeps_rows_layout_and_unfused_ffn(smol):
+    g = run_pipeline(smol, PassContext(get_preset("znver4"), "f32"))
+    assert "ffn" not in g.op_counts() and g.op_counts()["silu_mul"] == 30
+    assert {w.layout for w in g.weights()} == {"rows"}
+    g3 = run_pipeline(smol, PassContext(get_preset("x86-64-v3"), "f32"))
+    assert {w.layout for w in g3.weights()} == {"rows"}
 
 
 def test_check_catches_broken_graph(smol):

@@ -27,6 +27,7 @@ class OpKind(str, enum.Enum):
     ADD = "add"
     LM_HEAD = "lm_head"  # the vocabulary projection (a matmul, kept distinct for entry points)
     ROPE_KV_APPEND = "rope_kv_append"  # fused: rotate q and k, append k and v, emit rotated q
+    FFN = "ffn"  # fused: x + down(silu(gate(norm(x))) * up(norm(x)))
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ class Op:
     kind: OpKind
     outs: tuple[TensorType, ...]
     inputs: tuple[Use, ...] = ()
-    weight: WeightRef | None = None
+    weights: tuple[WeightRef, ...] = ()  # packed weights the op reads (most ops: none or one)
     vectors: tuple[tuple[str, VectorRef], ...] = ()  # role -> vector ("norm", "bias")
     attrs: tuple[tuple[str, Any], ...] = ()
     layer: int | None = None
@@ -104,6 +105,11 @@ class Op:
     @property
     def out(self) -> TensorType:
         return self.outs[0]
+
+    @property
+    def weight(self) -> WeightRef | None:
+        """The op's (first) weight."""
+        return self.weights[0] if self.weights else None
 
     def attr(self, name: str, default: Any = None) -> Any:
         return dict(self.attrs).get(name, default)
@@ -225,8 +231,8 @@ class Graph:
     def weights(self) -> list[WeightRef]:
         seen: dict[str, WeightRef] = {}
         for _, op in self.nodes():
-            if op.weight is not None:
-                seen.setdefault(op.weight.name, op.weight)
+            for w in op.weights:
+                seen.setdefault(w.name, w)
         return list(seen.values())
 
     def vector_params(self) -> list[VectorRef]:

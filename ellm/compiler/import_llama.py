@@ -36,14 +36,14 @@ def import_llama(gf: GGUFFile, cfg: ModelConfig, kv_dtype: str = "float16") -> G
     g.add("tokens", Op(OpKind.INPUT, (TensorType((T,), "int32"),)))
     cache = g.add("kv_cache", Op(OpKind.INPUT, (cache_t,)))
     embd = _weight(gf, "token_embd.weight", cfg.vocab_size, D)
-    x = g.add("embed", Op(OpKind.EMBEDDING, (act(D),), (Use("tokens"),), weight=embd))
+    x = g.add("embed", Op(OpKind.EMBEDDING, (act(D),), (Use("tokens"),), weights=(embd,)))
 
     def matmul(name: str, src: str, rows: int, layer: int, bias: str | None = None) -> str:
         vectors = ()
         if bias is not None and gf.has(bias):
             vectors = (("bias", _vector(gf, bias, rows)),)
         w = _weight(gf, f"{name}.weight", rows, D if not name.endswith("ffn_down") else cfg.d_ff)
-        return g.add(name, Op(OpKind.MATMUL, (act(rows),), (Use(src),), weight=w, vectors=vectors, layer=layer))
+        return g.add(name, Op(OpKind.MATMUL, (act(rows),), (Use(src),), weights=(w,), vectors=vectors, layer=layer))
 
     def rmsnorm(name: str, src: str, layer: int | None) -> str:
         v = _vector(gf, f"{name}.weight", D)
@@ -82,7 +82,7 @@ def import_llama(gf: GGUFFile, cfg: ModelConfig, kv_dtype: str = "float16") -> G
 
     h = rmsnorm("output_norm", x, None)
     head = embd if cfg.tied_embeddings else _weight(gf, "output.weight", cfg.vocab_size, D)
-    g.add("lm_head", Op(OpKind.LM_HEAD, (act(cfg.vocab_size),), (Use(h),), weight=head))
+    g.add("lm_head", Op(OpKind.LM_HEAD, (act(cfg.vocab_size),), (Use(h),), weights=(head,)))
     g.outputs = ["lm_head"]
     g.check()
     return g

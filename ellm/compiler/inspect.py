@@ -38,10 +38,12 @@ def decode_weight_bytes(g: Graph) -> int:
     total = 0
     seen = set()
     for _, op in g.nodes():
-        if op.weight is not None and op.kind in (OpKind.MATMUL, OpKind.LM_HEAD) and op.weight.name not in seen:
-            seen.add(op.weight.name)
-            total += op.weight.nbytes
-        if op.kind is OpKind.EMBEDDING:
+        if op.kind is not OpKind.EMBEDDING:
+            for w in op.weights:
+                if w.name not in seen:
+                    seen.add(w.name)
+                    total += w.nbytes
+        else:
             total += op.weight.nbytes // op.weight.rows
     return total + sum(4 * v.size for v in g.vector_params())
 

@@ -77,9 +77,10 @@ def param_specs(g: Graph) -> list[ParamSpec]:
     specs: list[ParamSpec] = []
     seen: set[str] = set()
     for _, op in g.nodes():
-        if op.weight is not None and op.weight.name not in seen:
-            seen.add(op.weight.name)
-            w = op.weight
+        for w in op.weights:
+            if w.name in seen:
+                continue
+            seen.add(w.name)
             for name, dtype, shape in weight_components(w):
                 specs.append(ParamSpec(f"{w.name}:{name}", dtype, shape, w.sources, w.qtype.name, name, w.layout))
         for _, v in op.vectors:
@@ -133,6 +134,7 @@ class _Lowering:
         w = op.weight
         if w is not None:
             attrs["layout"] = w.layout
+        more = tuple((x.qtype, x.rows, x.cols, x.layout) for x in op.weights[1:])
         return KernelRequest(
             kind=op.kind,
             m=m,
@@ -143,6 +145,7 @@ class _Lowering:
             weight_shape=(w.rows, w.cols) if w is not None else None,
             vectors=tuple(r for r, _ in op.vectors),
             attrs=tuple(sorted(attrs.items())),
+            more_weights=more,
         )
 
     # --- one entry point -------------------------------------------------------------------
@@ -192,14 +195,12 @@ class _Lowering:
         ins = [env[(u.src, u.index)] for u in op.inputs]
         outs = [_rtype(t, T if req.m is None else req.m, C) for t in op.outs]
         layer = relax.prim_value(tirx.IntImm("int64", op.layer if op.layer is not None else 0))
-        weights = []
-        if op.weight is not None:
-            weights = [getp(f"{op.weight.name}:{name}") for name, _, _ in weight_components(op.weight)]
+        weights = [getp(f"{w.name}:{name}") for w in op.weights for name, _, _ in weight_components(w)]
         vectors = [getp(v.name) for _, v in op.vectors]
         k = op.kind
         if k is OpKind.EMBEDDING:
             return [bb.emit(relax.call_tir(gv, [ins[0], *weights], outs[0]))]
-        if k in (OpKind.MATMUL, OpKind.LM_HEAD):
+        if k in (OpKind.MATMUL, OpKind.LM_HEAD, OpKind.FFN):
             # kernel params: x, [residual], *weight, [norm], [bias]
             args = [*ins, *weights, *vectors]
             return [bb.emit(relax.call_tir(gv, args, outs[0]))]

@@ -9,6 +9,7 @@ from .graph import Graph
 from .pass_context import PassContext
 from .passes import (
     choose_weight_layout,
+    fuse_ffn,
     fuse_residual_add,
     fuse_rmsnorm_matmul,
     fuse_rope_kv_append,
@@ -38,6 +39,10 @@ PIPELINE: tuple[Phase, ...] = (
     Phase(
         "layout",
         (choose_weight_layout,),  # per weight and target: GGUF rows, or 16-row tiles for VNNI
+    ),
+    Phase(
+        "kernel fusion",
+        (fuse_ffn,),  # gate+up, SiLU * mul, down + residual -> one kernel (integer path)
     ),
 )
 

@@ -7,6 +7,7 @@ from ..targets import TargetPreset
 from .amx import AmxGemmRule
 from .attention import AttentionDecodeRule, AttentionPrefillRule
 from .elementwise import AddRule, EmbeddingRule, RmsNormRule, SiluMulRule
+from .ffn import VnniFfnRule
 from .gemm import GemmRule
 from .gemv import GemvRule
 from .rope import KvAppendRule, RopeKvAppendRule, RopeRule
@@ -16,6 +17,7 @@ from .vnni import VnniGemmRule, VnniGemvRule
 # First match wins: specialised rules before general ones.
 RULES: tuple[Rule, ...] = (
     AmxGemmRule(),
+    VnniFfnRule(),
     VnniGemvRule(),
     VnniGemmRule(),
     GemvRule(),

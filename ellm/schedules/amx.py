@@ -22,7 +22,7 @@ from tvm.tirx.script.builder import ir as I
 from ..quant.tiled import TILED_COMPONENTS
 from ..targets import TargetPreset
 from .rule import KernelRequest, Rule
-from .vnni import I32, L, _group_size, _micro_kernel, _operands, _quantize_row, _ramp, _scale_update, _splat, vnni_applies
+from .vnni import I32, L, Acts, _group_size, _operands, _ramp, _scale_update, _splat, micro_kernel, quantize_row, store_epilogue, vnni_applies
 
 TOK = 16  # tokens per AMX tile (rows of A and C)
 C_HI, C_LO, A_HI, A_LO, B = 0, 1, 2, 3, 4  # tile registers
@@ -123,12 +123,10 @@ def build_amx_matmul(req: KernelRequest, emulate: bool = False):
             gain = I.arg("norm", I.buffer((K,), "float32")) if has_norm else None
             bias = I.arg("bias", I.buffer((N,), "float32")) if has_bias else None
             out = I.arg("out", I.buffer((n_tok, N), "float32"))
-            xq = I.alloc_buffer((n_tok, K), "int8")
-            xl = I.alloc_buffer((n_tok, K), "int8") if bits == 16 else None
-            dx = I.alloc_buffer((n_tok, K // 32), "float32")
-            sq = I.alloc_buffer((n_tok, K // 16), "int32")
+            acts = Acts.alloc(n_tok, K, bits)
+            xq, xl, dx, sq = acts.xq, acts.xl, acts.dx, acts.sq
             with I.parallel(0, n_tok) as t:
-                _quantize_row(x, t, gain, eps, K, xq, xl, dx, sq, t)
+                quantize_row(x, t, gain, eps, K, acts, t)
             with I.parallel(0, NT) as tile:
                 bscr = I.alloc_buffer((K // 4 * 64,), "uint8")  # the row tile's weights, AMX B layout
                 with I.serial(0, K // G) as g:
@@ -168,7 +166,7 @@ def build_amx_matmul(req: KernelRequest, emulate: bool = False):
                         I.buffer_store(out, v, [tb * TOK + i, cols])
                 amx.release()
                 with I.serial(n_tok // TOK * TOK, n_tok) as t:  # the last tokens: VNNI
-                    _micro_kernel(qtype, w, tile, 1, t, 1, K, G, xq, xl, dx, sq, out, res, bias, 0, True)
+                    micro_kernel(qtype, w, [tile], t, 1, K, acts, store_epilogue(out, res, bias))
     return ib.get()
 
 

@@ -40,6 +40,7 @@ class KernelRequest:
     weight_shape: tuple[int, int] | None = None  # (rows N, cols K)
     vectors: tuple[str, ...] = ()  # roles of vector parameters present: "norm", "bias"
     attrs: tuple[tuple[str, Any], ...] = ()
+    more_weights: tuple[tuple[QuantType, int, int, str], ...] = ()  # (qtype, rows, cols, layout) after the first
 
     def attr(self, name: str, default: Any = None) -> Any:
         return dict(self.attrs).get(name, default)
@@ -55,6 +56,7 @@ class KernelRequest:
             "weight": list(self.weight_shape) if self.weight_shape else None,
             "vectors": list(self.vectors),
             "attrs": {k: v for k, v in self.attrs},
+            "more_weights": [[q.name, r, c, lay] for q, r, c, lay in self.more_weights],
         }
 
     def key(self) -> str:

@@ -106,6 +106,26 @@ def _scale_update(qtype: QuantType, w, tile, g, acc, dx, sq) -> tirx.PrimExpr:
     raise AssertionError(qtype)
 
 
+@dataclass(frozen=True)
+class Acts:
+    """Quantised activations of a kernel: xq (int8, 16-bit: high bytes), xl (16-bit: low bytes, else None),
+    dx (scale per 32 inputs), sq (sum of the quantised values per 16 inputs). All are [tokens, ...]."""
+
+    xq: object
+    xl: object
+    dx: object
+    sq: object
+
+    @classmethod
+    def alloc(cls, n_tok, K: int, bits: int) -> Acts:
+        return cls(
+            I.alloc_buffer((n_tok, K), "int8"),
+            I.alloc_buffer((n_tok, K), "int8") if bits == 16 else None,
+            I.alloc_buffer((n_tok, K // 32), "float32"),
+            I.alloc_buffer((n_tok, K // 16), "int32"),
+        )
+
+
 def build_vnni_matmul(req: KernelRequest, tokens_per_tile: int, tiles_per_task: int, prefetch_bytes: int, prefetch_nta: bool):
     """The PrimFunc (x, [residual], *weights, [norm], [bias], out) for a tile16 weight.
 
@@ -114,7 +134,6 @@ def build_vnni_matmul(req: KernelRequest, tokens_per_tile: int, tiles_per_task: 
     bits = int(req.attr("act_bits", 8))
     qtype = req.qtype
     N, K = req.weight_shape
-    G = _group_size(qtype)
     NT = N // L
     tpt = tiles_per_task if NT % tiles_per_task == 0 else 1
     eps = float(req.attr("norm_eps", 0.0))
@@ -133,41 +152,61 @@ def build_vnni_matmul(req: KernelRequest, tokens_per_tile: int, tiles_per_task: 
             gain = I.arg("norm", I.buffer((K,), "float32")) if has_norm else None
             bias = I.arg("bias", I.buffer((N,), "float32")) if has_bias else None
             out = I.arg("out", I.buffer((n_tok, N), "float32"))  # [T, N]
+            acts = Acts.alloc(n_tok, K, bits)
 
-            xq = I.alloc_buffer((n_tok, K), "int8")  # quantised activations (16-bit: their high bytes)
-            xl = I.alloc_buffer((n_tok, K), "int8") if bits == 16 else None  # 16-bit: low bytes
-            dx = I.alloc_buffer((n_tok, K // 32), "float32")  # their scales
-            sq = I.alloc_buffer((n_tok, K // 16), "int32")  # sums of xq per 16 inputs
-
-            # --- phase 1: (RMSNorm and) int8 quantisation of each token's row ------------------------
-            loop = I.serial if req.m == 1 else I.parallel
-            with loop(0, n_tok) as t:
-                src_row = (rows_in - 1) if last_row else t
-                _quantize_row(x, src_row, gain, eps, K, xq, xl, dx, sq, t)
+            # --- phase 1: (RMSNorm and) quantisation of each token's row ----------------------------
+            with (I.serial if req.m == 1 else I.parallel)(0, n_tok) as t:
+                quantize_row(x, (rows_in - 1) if last_row else t, gain, eps, K, acts, t)
 
             # --- phase 2: row tiles in parallel, all tokens of a task reuse its weights from L1 ------
+            store = store_epilogue(out, res, bias)
             with I.parallel(0, NT // tpt) as task:
-                def micro(t0, tt: int):
-                    _micro_kernel(qtype, w, task * tpt, tpt, t0, tt, K, G, xq, xl, dx, sq, out, res, bias, prefetch_bytes, prefetch_nta)
-
-                tt = min(tokens_per_tile, req.m) if req.m is not None else tokens_per_tile
-                if req.m is not None and req.m % tt == 0:
-                    with I.serial(0, req.m // tt) as tb:
-                        micro(tb * tt, tt)
-                else:
-                    with I.serial(0, n_tok // tt) as tb:
-                        micro(tb * tt, tt)
-                    with I.serial(n_tok // tt * tt, n_tok) as t:
-                        micro(t, 1)
+                tiles = [task * tpt + j for j in range(tpt)]
+                for_token_tiles(
+                    req.m, n_tok, tokens_per_tile,
+                    lambda t0, tt: micro_kernel(qtype, w, tiles, t0, tt, K, acts, store, prefetch_bytes, prefetch_nta),
+                )
     return ib.get()
 
 
-def _quantize_row(x, src_row, gain, eps: float, K: int, xq, xl, dx, sq, t) -> None:
-    """Per 32 inputs: q = round(x[src_row] * rstd * gain / dx); dx; sums of q per 16.
+def for_token_tiles(m, n_tok, tokens_per_tile: int, body) -> None:
+    """body(t0, tt) over tiles of `tokens_per_tile` tokens, then single tokens for the remainder."""
+    tt = min(tokens_per_tile, m) if m is not None else tokens_per_tile
+    if m is not None and m % tt == 0:
+        with I.serial(0, m // tt) as tb:
+            body(tb * tt, tt)
+        return
+    with I.serial(0, n_tok // tt) as tb:
+        body(tb * tt, tt)
+    with I.serial(n_tok // tt * tt, n_tok) as t:
+        body(t, 1)
 
-    8-bit: xq = q (|q| <= 127). 16-bit (xl given): |q| <= 32639 is split as q = 256 xq + xl with both
+
+def quantize_group(vs, t, b, acts: Acts) -> None:
+    """Quantise 32 values (two 16-lane vectors) as group b of token t.
+
+    8-bit: q = round(v / dx), |q| <= 127. 16-bit: |q| <= 32639 is split as q = 256 xq + xl with both
     halves in [-128, 127], so two int8 dot products give the exact 16-bit one.
     """
+    xl = acts.xl
+    qmax = tirx.const(127.0 if xl is None else 32639.0, "float32")
+    amax = I.Bind(hmax(tirx.max(tirx.abs(vs[0]), tirx.abs(vs[1]))))
+    inv = I.Bind(tirx.Select(amax > tirx.const(0.0, "float32"), qmax / amax, tirx.const(0.0, "float32")))
+    I.buffer_store(acts.dx, amax / qmax, [t, b])
+    for h in range(2):
+        q = I.Bind(tirx.Cast(I32, tirx.round(vs[h] * _splat(inv, F32))))
+        cols = _ramp(b * 32 + h * L)
+        if xl is None:
+            I.buffer_store(acts.xq, tirx.Cast("int8x16", q), [t, cols])
+        else:
+            lo = I.Bind(((q + _splat(128, I32)) & _splat(255, I32)) - _splat(128, I32))
+            I.buffer_store(xl, tirx.Cast("int8x16", lo), [t, cols])
+            I.buffer_store(acts.xq, tirx.Cast("int8x16", (q - lo) >> _splat(8, I32)), [t, cols])
+        I.buffer_store(acts.sq, hsum(q), [t, b * 2 + h])
+
+
+def quantize_row(x, src_row, gain, eps: float, K: int, acts: Acts, t) -> None:
+    """Token t's activations from x[src_row] (times rstd * gain when RMSNorm is fused), per 32 inputs."""
     scale = None
     if gain is not None:
         ss = I.alloc_buffer((L,), "float32")
@@ -183,64 +222,70 @@ def _quantize_row(x, src_row, gain, eps: float, K: int, xq, xl, dx, sq, t) -> No
             if gain is not None:
                 v = v * _splat(scale, F32) * gain[_ramp(b * 32 + h * L)]
             vs.append(I.Bind(v))
-        qmax = tirx.const(127.0 if xl is None else 32639.0, "float32")
-        amax = I.Bind(hmax(tirx.max(tirx.abs(vs[0]), tirx.abs(vs[1]))))
-        inv = I.Bind(tirx.Select(amax > tirx.const(0.0, "float32"), qmax / amax, tirx.const(0.0, "float32")))
-        I.buffer_store(dx, amax / qmax, [t, b])
-        for h in range(2):
-            q = I.Bind(tirx.Cast(I32, tirx.round(vs[h] * _splat(inv, F32))))
-            cols = _ramp(b * 32 + h * L)
-            if xl is None:
-                I.buffer_store(xq, tirx.Cast("int8x16", q), [t, cols])
-            else:
-                lo = I.Bind(((q + _splat(128, I32)) & _splat(255, I32)) - _splat(128, I32))
-                I.buffer_store(xl, tirx.Cast("int8x16", lo), [t, cols])
-                I.buffer_store(xq, tirx.Cast("int8x16", (q - lo) >> _splat(8, I32)), [t, cols])
-            I.buffer_store(sq, hsum(q), [t, b * 2 + h])
+        quantize_group(vs, t, b, acts)
 
 
-def _micro_kernel(qtype, w, tile0, tpt: int, t0, tt: int, K: int, G: int, xq, xl, dx, sq, out, res, bias, pf_bytes, pf_nta) -> None:
-    """Rows [16 tile0, 16 (tile0 + tpt)) x tokens [t0, t0 + tt): int32 group sums, float32 accumulation."""
-    facc = I.alloc_buffer((tt * tpt * L,), "float32")
-    iacc = I.alloc_buffer((tt * tpt * L,), "int32")
-    lacc = I.alloc_buffer((tt * tpt * L,), "int32") if xl is not None else None  # low-byte sums
-    slot = lambda i, j: _ramp((i * tpt + j) * L)  # noqa: E731  token i, tile j
-    for s in range(tt * tpt):
+def store_epilogue(out, res, bias):
+    """The usual epilogue: out[t, tile rows] = acc (+ bias) (+ residual)."""
+
+    def store(t, tile, acc) -> None:
+        cols = _ramp(tile * L)
+        v = acc
+        if bias is not None:
+            v = v + bias[cols]
+        if res is not None:
+            v = v + res[t, cols]
+        I.buffer_store(out, v, [t, cols])
+
+    return store
+
+
+def micro_kernel(qtype, w, tiles: list, t0, tt: int, K: int, acts: Acts, epilogue, pf_bytes: int = 0, pf_nta: bool = True,
+                 finish=None) -> None:
+    """Row tiles `tiles` x tokens [t0, t0 + tt): int32 sums per group of inputs, float32 accumulation.
+
+    Then epilogue(t, tile, acc) per token and tile, or, with `finish`, finish(accs) once with
+    accs[i][j] the accumulator of token i and tile j (for epilogues that combine tiles).
+    """
+    G = _group_size(qtype)
+    nt = len(tiles)
+    facc = I.alloc_buffer((tt * nt * L,), "float32")
+    iacc = I.alloc_buffer((tt * nt * L,), "int32")
+    lacc = I.alloc_buffer((tt * nt * L,), "int32") if acts.xl is not None else None  # low-byte sums
+    slot = lambda i, j: _ramp((i * nt + j) * L)  # noqa: E731  token i, tile j
+    for s in range(tt * nt):
         I.buffer_store(facc, _splat(0.0, F32), [_ramp(s * L)])
     annotations = None
     if pf_bytes:
-        names = ["w_ql", "w_qh"] if qtype is QuantType.Q6_K else ["w_qs"]
+        names = [w[c].name for c in (("ql", "qh") if qtype is QuantType.Q6_K else ("qs",))]  # the quant streams
         annotations = {"ellm.prefetch": {"buffers": names, "bytes": pf_bytes, "locality": 0 if pf_nta else 3}}
-    accs = [(iacc, xq)] + ([(lacc, xl)] if xl is not None else [])
+    accs = [(iacc, acts.xq)] + ([(lacc, acts.xl)] if lacc is not None else [])
     with I.serial(0, K // G, annotations=annotations) as g:
-        for s in range(tt * tpt):
+        for s in range(tt * nt):
             for acc, _ in accs:
                 I.buffer_store(acc, _splat(0, I32), [_ramp(s * L)])
-        for j in range(tpt):
-            for op in _operands(qtype, w, tile0 + j, g):
+        for j, tile in enumerate(tiles):
+            for op in _operands(qtype, w, tile, g):
                 a = I.Bind(op.weights)
                 for i in range(tt):
                     for acc, xs in accs:
                         xb = tirx.reinterpret("int32", xs[t0 + i, tirx.Ramp(g * G + op.inputs, 1, 4)])
                         I.buffer_store(acc, vpdpbusd(acc[slot(i, j)], a, _bytes(tirx.Broadcast(xb, L))), [slot(i, j)])
         if lacc is not None:  # 16-bit activations: sum = 256 * high + low (fits int32: |sum| < 2**28)
-            for s in range(tt * tpt):
+            for s in range(tt * nt):
                 I.buffer_store(iacc, (iacc[_ramp(s * L)] << _splat(8, I32)) + lacc[_ramp(s * L)], [_ramp(s * L)])
         for i in range(tt):
-            dxi = dx[t0 + i, g * G // 32]
-            sqi = sq[t0 + i, g * 2] + sq[t0 + i, g * 2 + 1] if G == 32 else sq[t0 + i, g]
-            for j in range(tpt):
-                upd = _scale_update(qtype, w, tile0 + j, g, iacc[slot(i, j)], dxi, sqi)
+            dxi = acts.dx[t0 + i, g * G // 32]
+            sqi = acts.sq[t0 + i, g * 2] + acts.sq[t0 + i, g * 2 + 1] if G == 32 else acts.sq[t0 + i, g]
+            for j, tile in enumerate(tiles):
+                upd = _scale_update(qtype, w, tile, g, iacc[slot(i, j)], dxi, sqi)
                 I.buffer_store(facc, facc[slot(i, j)] + upd, [slot(i, j)])
+    if finish is not None:
+        finish([[facc[slot(i, j)] for j in range(nt)] for i in range(tt)])
+        return
     for i in range(tt):
-        for j in range(tpt):
-            cols = _ramp((tile0 + j) * L)
-            v = facc[slot(i, j)]
-            if bias is not None:
-                v = v + bias[cols]
-            if res is not None:
-                v = v + res[t0 + i, cols]
-            I.buffer_store(out, v, [t0 + i, cols])
+        for j, tile in enumerate(tiles):
+            epilogue(t0 + i, tile, facc[slot(i, j)])
 
 
 def vnni_applies(req: KernelRequest, target: TargetPreset) -> bool:

@@ -24,17 +24,19 @@ def choose_weight_layout(g: Graph, ctx: PassContext) -> Graph:
     chosen: dict[str, str] = {}
     for name in g.names():
         op = g.op(name)
-        w = op.weight
-        if w is None or op.kind not in (OpKind.MATMUL, OpKind.LM_HEAD):
+        if op.kind not in (OpKind.MATMUL, OpKind.LM_HEAD):
             continue
-        tiled = use_tiles and w.qtype in VNNI_FORMATS and tiled_supported(w.qtype, w.rows, w.cols)
-        chosen[w.name] = "tile16" if tiled else "rows"
+        for w in op.weights:
+            tiled = use_tiles and w.qtype in VNNI_FORMATS and tiled_supported(w.qtype, w.rows, w.cols)
+            chosen[w.name] = "tile16" if tiled else "rows"
     bits = 16 if ctx.activations == "int16" else 8
     for name in g.names():
         op = g.op(name)
-        if op.weight is not None and op.weight.name in chosen:
-            new = replace(op, weight=replace(op.weight, layout=chosen[op.weight.name]))
-            if chosen[op.weight.name] == "tile16" and op.kind is not OpKind.EMBEDDING:
-                new = new.with_attrs(act_bits=bits)
-            g.set_op(name, new)
+        if not any(w.name in chosen for w in op.weights):
+            continue
+        weights = tuple(replace(w, layout=chosen.get(w.name, w.layout)) for w in op.weights)
+        new = replace(op, weights=weights)
+        if any(w.layout == "tile16" for w in weights) and op.kind is not OpKind.EMBEDDING:
+            new = new.with_attrs(act_bits=bits)
+        g.set_op(name, new)
     return g

@@ -44,7 +44,7 @@ def fuse_sibling_matmuls(g: Graph, ctx: PassContext) -> Graph:
             bias_sources = tuple(s for o in ops for s in o.vector("bias").sources)
             vectors += (("bias", VectorRef(f"{name}.bias", rows, bias_sources)),)
         out = TensorType(first.out.shape[:-1] + (rows,), first.out.dtype)
-        g.add(name, replace(first, outs=(out,), weight=weight, vectors=vectors))
+        g.add(name, replace(first, outs=(out,), weights=(weight,), vectors=vectors))
         offset = 0
         for n, o in zip(names, ops):
             g.replace_uses(n, name, cols_offset=offset)
