@@ -22,8 +22,11 @@ def test_manifest_records_source_target_and_files(manifest, artifact, model_path
     assert manifest["config"]["n_layers"] == 30 and manifest["config"]["arch"] == "llama"
     assert manifest["target"]["tvm"]["kind"] == "llvm" and manifest["target"]["tvm"]["mcpu"]
     assert "avx2" in manifest["target"]["required_cpu_features"]
-    rules = {"vnni_gemv", "vnni_gemm"} if manifest["activations"] != "f32" else {"gemv", "gemm"}
-    assert {k["rule"] for k in manifest["kernels"]} >= rules | {"attention", "attention_decode", "rope_kv_append", "embedding"}
+    if manifest["activations"] != "f32":
+        rules = {"vnni_gemv", "vnni_gemm", "vnni_ffn", "attention_input"}
+    else:
+        rules = {"gemv", "gemm", "rope_kv_append", "silu_mul"}
+    assert {k["rule"] for k in manifest["kernels"]} >= rules | {"attention", "attention_decode", "embedding"}
     assert set(manifest["files"]) == {"kernels.so", "weights.bin", "tokenizer.json"}
     for name, digest in manifest["files"].items():
         assert sha256_file(artifact / name) == digest

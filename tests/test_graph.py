@@ -80,16 +80,24 @@ def test_fuse_rope_kv_append_needs_fused_qkv(smol):
 
 def test_pipeline_result(smol):
     g = run_pipeline(smol, CTX)
-    assert dict(g.op_counts()) == {"embedding": 1, "matmul": 60, "rope_kv_append": 30, "attention": 30, "ffn": 30, "lm_head": 1}
+    assert dict(g.op_counts()) == {"embedding": 1, "attention_input": 30, "attention": 30, "matmul": 30, "ffn": 30, "lm_head": 1}
     assert sum(w.nbytes for w in g.weights()) == sum(w.nbytes for w in smol.weights())
     ffn = g.op("blk.0.ffn")
     assert [w.name for w in ffn.weights] == ["blk.0.ffn_gate+ffn_up.weight", "blk.0.ffn_down.weight"]
     assert all(w.layout == "tile16" for w in ffn.weights) and ffn.attr("d_ff") == 1536
 
 
+def test_attention_input_fusion(smol):
+    g = run_pipeline(smol, CTX)
+    ai = g.op("blk.0.attention_input")
+    assert ai.inputs[0].src == "kv_cache" and ai.weight.name == "blk.0.attn_q+attn_k+attn_v.weight"
+    assert g.op("blk.0.attention").inputs == (Use("blk.0.attention_input", index=0), Use("blk.0.attention_input", index=1))
+    assert g.op("blk.1.attention_input").inputs[0] == Use("blk.0.attention_input", index=1)
+
+
 def test_float_path_keeps_rows_layout_and_unfused_ffn(smol):
     g = run_pipeline(smol, PassContext(get_preset("znver4"), "f32"))
-    assert "ffn" not in g.op_counts() and g.op_counts()["silu_mul"] == 30
+    assert "ffn" not in g.op_counts() and g.op_counts()["silu_mul"] == 30 and g.op_counts()["rope_kv_append"] == 30
     assert {w.layout for w in g.weights()} == {"rows"}
     g3 = run_pipeline(smol, PassContext(get_preset("x86-64-v3"), "f32"))
     assert {w.layout for w in g3.weights()} == {"rows"}
@@ -109,4 +117,4 @@ def test_inspect_cli(model_path):
     text = inspect_model(model_path)
     assert "23,040 bytes per token" in text  # 2 (K,V) * 30 layers * 192 * 2 bytes
     assert "Q4_1" in text and "Q8_0" in text
-    assert "rope_kv_append       0 ->    30" in text
+    assert "attention_input      0 ->    30" in text and "ffn                  0 ->    30" in text

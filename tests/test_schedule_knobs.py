@@ -27,6 +27,17 @@ REQUESTS = {
     "vnni_gemv": matmul_request(QuantType.Q4_1, 256, 512, m=1, layout="tile16", act_bits=16),
     "vnni_gemm": matmul_request(QuantType.Q4_1, 256, 512, m=None, layout="tile16", act_bits=16),
     "attention_decode": _attention(1),
+    "vnni_ffn": KernelRequest(
+        OpKind.FFN, None, (TensorType(("T", 256)),), (None,), (TensorType(("T", 256)),), QuantType.Q4_1, (1024, 256),
+        ("norm",), (("act_bits", 16), ("d_ff", 512), ("layout", "tile16"), ("norm_eps", 1e-5)),
+        ((QuantType.Q4_1, 256, 512, "tile16"),),
+    ),
+    "attention_input": KernelRequest(
+        OpKind.ATTN_INPUT, None, (TensorType((2, 2, "C", 64), "float16"), TensorType(("T", 256))), (None, None),
+        (TensorType(("T", 256)), TensorType((2, 2, "C", 64), "float16")), QuantType.Q4_1, (512, 256), ("norm",),
+        (("act_bits", 16), ("layout", "tile16"), ("n_heads", 4), ("n_kv_heads", 2), ("neox", False), ("norm_eps", 1e-5),
+         ("rope_dim", 64)),
+    ),
     "rmsnorm": KernelRequest(OpKind.RMSNORM, None, (TensorType(("T", 512)),), (None,), (TensorType(("T", 512)),), attrs=(("eps", 1e-5),)),
     "silu_mul": KernelRequest(OpKind.SILU_MUL, None, (TensorType(("T", 512)),) * 2, (None, None), (TensorType(("T", 512)),)),
     "add": KernelRequest(OpKind.ADD, None, (TensorType(("T", 512)),) * 2, (None, None), (TensorType(("T", 512)),)),

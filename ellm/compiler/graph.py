@@ -28,6 +28,7 @@ class OpKind(str, enum.Enum):
     LM_HEAD = "lm_head"  # the vocabulary projection (a matmul, kept distinct for entry points)
     ROPE_KV_APPEND = "rope_kv_append"  # fused: rotate q and k, append k and v, emit rotated q
     FFN = "ffn"  # fused: x + down(silu(gate(norm(x))) * up(norm(x)))
+    ATTN_INPUT = "attention_input"  # fused: norm, QKV projection, RoPE, KV append -> rotated q, cache
 
 
 @dataclass(frozen=True)

@@ -185,7 +185,7 @@ class _Lowering:
 
     def _rope_dim(self) -> int:
         for _, op in self.g.nodes():
-            if op.kind in (OpKind.ROPE, OpKind.ROPE_KV_APPEND):
+            if op.kind in (OpKind.ROPE, OpKind.ROPE_KV_APPEND, OpKind.ATTN_INPUT):
                 return int(op.attr("rope_dim"))
         raise AssertionError("graph has no rope op")
 
@@ -217,6 +217,12 @@ class _Lowering:
             res = bb.emit(
                 relax.call_tir_inplace(gv, [kc, vc, qkv, rope, pos, layer], [0, 1, -1], [self.k_type, self.v_type, outs[0]])
             )
+            cache = (bb.emit(relax.TupleGetItem(res, 0)), bb.emit(relax.TupleGetItem(res, 1)))
+            return [bb.emit(relax.TupleGetItem(res, 2)), cache]
+        if k is OpKind.ATTN_INPUT:
+            (kc, vc), x = ins
+            args = [kc, vc, x, *weights, *vectors, rope, pos, layer]
+            res = bb.emit(relax.call_tir_inplace(gv, args, [0, 1, -1], [self.k_type, self.v_type, outs[0]]))
             cache = (bb.emit(relax.TupleGetItem(res, 0)), bb.emit(relax.TupleGetItem(res, 1)))
             return [bb.emit(relax.TupleGetItem(res, 2)), cache]
         if k is OpKind.ATTENTION:

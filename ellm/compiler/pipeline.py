@@ -9,6 +9,7 @@ from .graph import Graph
 from .pass_context import PassContext
 from .passes import (
     choose_weight_layout,
+    fuse_attention_input,
     fuse_ffn,
     fuse_residual_add,
     fuse_rmsnorm_matmul,
@@ -42,7 +43,10 @@ PIPELINE: tuple[Phase, ...] = (
     ),
     Phase(
         "kernel fusion",
-        (fuse_ffn,),  # gate+up, SiLU * mul, down + residual -> one kernel (integer path)
+        (
+            fuse_attention_input,  # norm + QKV + RoPE + KV append -> one kernel (integer path)
+            fuse_ffn,  # gate+up, SiLU * mul, down + residual -> one kernel (integer path)
+        ),
     ),
 )
 

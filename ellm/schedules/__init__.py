@@ -6,6 +6,7 @@ from ..errors import EllmError
 from ..targets import TargetPreset
 from .amx import AmxGemmRule
 from .attention import AttentionDecodeRule, AttentionPrefillRule
+from .attention_input import AttentionInputRule
 from .elementwise import AddRule, EmbeddingRule, RmsNormRule, SiluMulRule
 from .ffn import VnniFfnRule
 from .gemm import GemmRule
@@ -18,6 +19,7 @@ from .vnni import VnniGemmRule, VnniGemvRule
 RULES: tuple[Rule, ...] = (
     AmxGemmRule(),
     VnniFfnRule(),
+    AttentionInputRule(),
     VnniGemvRule(),
     VnniGemmRule(),
     GemvRule(),

@@ -1,10 +1,11 @@
 """Graph -> graph passes. Each lives in its own file, named for what it does."""
 
 from .choose_weight_layout import choose_weight_layout
+from .fuse_attention_input import fuse_attention_input
 from .fuse_ffn import fuse_ffn
 from .fuse_residual_add import fuse_residual_add
 from .fuse_rmsnorm_matmul import fuse_rmsnorm_matmul
 from .fuse_rope_kv_append import fuse_rope_kv_append
 from .fuse_sibling_matmuls import fuse_sibling_matmuls
 
-__all__ = ["choose_weight_layout", "fuse_ffn", "fuse_residual_add", "fuse_rmsnorm_matmul", "fuse_rope_kv_append", "fuse_sibling_matmuls"]
+__all__ = ["choose_weight_layout", "fuse_attention_input", "fuse_ffn", "fuse_residual_add", "fuse_rmsnorm_matmul", "fuse_rope_kv_append", "fuse_sibling_matmuls"]

@@ -1,0 +1,133 @@
+"""The fused attention input: q, k, v = RMSNorm(x) @ Wqkv (+ bias); rotate q and k; append k and v to the
+cache; emit rotated q. One kernel, one task per head: the task's 64 (head_dim) output rows are in
+registers when RoPE is applied, so q, k and v never exist unrotated in memory.
+
+Adjacent-pair RoPE (llama GGUF) rotates lanes (2i, 2i+1) of one vector: a lane swap and a sign vector.
+NeoX RoPE (qwen2) rotates lane i of vector j with lane i of vector j + rope_dim/32.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from tvm import tirx
+from tvm.script.ir_builder import IRBuilder
+from tvm.tirx.script.builder import ir as I
+
+from ..compiler.graph import OpKind
+from ..quant.tiled import TILED_COMPONENTS
+from ..targets import TargetPreset
+from .attention import KB, cache_shapes
+from .rule import KernelRequest, Knob, Rule
+from .vnni import QUANTIZED, Acts, L, _ramp, for_token_tiles, micro_kernel, quantize_row
+
+SWAP = [i ^ 1 for i in range(L)]  # lane 2i <-> 2i + 1
+DUP = [i // 2 for i in range(L)]  # lane 2i, 2i + 1 <- element i
+
+
+def _rotate(vecs: list, tab, p, half: int, neox: bool, rope_dim: int) -> list:
+    """RoPE on one head given as head_dim/16 vectors, at position p."""
+    out = list(vecs)
+    if neox:
+        for j in range(half // L):
+            c, s = tab[p, _ramp(j * L)], tab[p, _ramp(half + j * L)]
+            lo, hi = vecs[j], vecs[j + half // L]
+            out[j] = lo * c - hi * s
+            out[j + half // L] = lo * s + hi * c
+        return out
+    minus, plus = tirx.Broadcast(tirx.const(-1.0, "float32"), L), tirx.Broadcast(tirx.const(1.0, "float32"), L)
+    sign = tirx.Shuffle([minus, plus], [i + L * (i % 2) for i in range(L)])  # -1 on even lanes, +1 on odd
+    for j in range(rope_dim // L):
+        c8, s8 = tab[p, tirx.Ramp(j * 8, 1, 8)], tab[p, tirx.Ramp(half + j * 8, 1, 8)]
+        c, s = tirx.Shuffle([c8, c8], DUP), tirx.Shuffle([s8, s8], DUP)
+        out[j] = vecs[j] * c + tirx.Shuffle([vecs[j], vecs[j]], SWAP) * s * sign
+    return out
+
+
+def build_attention_input(req: KernelRequest, tokens_per_tile: int, prefetch_bytes: int):
+    cache_t, _ = req.in_types
+    Lyr, Hkv, _, hd = cache_t.shape
+    dt = cache_t.dtype
+    H = int(req.attr("n_heads"))
+    rope_dim, neox = int(req.attr("rope_dim")), bool(req.attr("neox"))
+    half = rope_dim // 2
+    qtype = req.qtype
+    N, K = req.weight_shape  # (H + 2 Hkv) * hd rows: [q | k | v]
+    bits = int(req.attr("act_bits", 8))
+    nv = hd // L  # vectors per head
+    k_shape, v_shape = cache_shapes(cache_t)
+    with IRBuilder() as ib:
+        with I.prim_func():
+            I.func_name("attention_input")
+            I.func_attr({"tirx.noalias": True})
+            n_tok = req.m if req.m is not None else tirx.Var("T", "int64")
+            kc = I.arg("k_cache", I.buffer(k_shape, dt))
+            vc = I.arg("v_cache", I.buffer(v_shape, dt))
+            x = I.arg("x", I.buffer((n_tok, K), "float32"))
+            w = {c.name: I.arg(f"w_{c.name}", I.buffer(c.shape(N, K), c.dtype)) for c in TILED_COMPONENTS[qtype]}
+            gain = I.arg("norm", I.buffer((K,), "float32"))
+            bias = I.arg("bias", I.buffer((N,), "float32")) if "bias" in req.vectors else None
+            tab = I.arg("rope", I.buffer((tirx.Var("C", "int64"), rope_dim), "float32"))
+            pos = I.arg("pos", tirx.Var("pos", "int64"))
+            layer = I.arg("layer", tirx.Var("layer", "int64"))
+            q_out = I.arg("q", I.buffer((n_tok, H * hd), "float32"))
+            acts = Acts.alloc(n_tok, K, bits)
+            with (I.serial if req.m == 1 else I.parallel)(0, n_tok) as t:
+                quantize_row(x, t, gain, float(req.attr("norm_eps")), K, acts, t)
+
+            with I.parallel(0, H + 2 * Hkv) as head:
+                tiles = [head * nv + j for j in range(nv)]
+
+                def project(t0, tt):
+                    def finish(accs):
+                        for i in range(tt):
+                            t = t0 + i
+                            p = pos + t
+                            vecs = list(accs[i])
+                            if bias is not None:
+                                vecs = [v + bias[_ramp((head * nv + j) * L)] for j, v in enumerate(vecs)]
+                            vecs = [I.Bind(v) for v in vecs]
+                            rot = [I.Bind(v) for v in _rotate(vecs, tab, p, half, neox, rope_dim)]
+                            with I.If(head < H):
+                                with I.Then():
+                                    for j in range(nv):
+                                        I.buffer_store(q_out, rot[j], [t, _ramp(head * hd + j * L)])
+                                with I.Else():
+                                    with I.If(head < H + Hkv):
+                                        with I.Then():  # K: transposed 16-key blocks, one lane per head dim
+                                            for j in range(nv):
+                                                kv = tirx.Cast(f"{dt}x{L}", rot[j])
+                                                for lane in range(L):
+                                                    I.buffer_store(kc, tirx.Shuffle([kv], [lane]),
+                                                                   [layer, head - H, p // KB, j * L + lane, p % KB])
+                                        with I.Else():
+                                            for j in range(nv):
+                                                I.buffer_store(vc, tirx.Cast(f"{dt}x{L}", vecs[j]),
+                                                               [layer, head - H - Hkv, p, _ramp(j * L)])
+
+                    micro_kernel(qtype, w, tiles, t0, tt, K, acts, None, prefetch_bytes, True, finish=finish)
+
+                for_token_tiles(req.m, n_tok, tokens_per_tile, project)
+    return ib.get()
+
+
+class AttentionInputRule(Rule):
+    name = "attention_input"
+    knobs = (Knob("prefetch_bytes", 4096, (0, 4096, 8192), "software prefetch distance in the weight stream"),
+             Knob("tokens_per_tile", 2, (1, 2, 4), "tokens sharing each unpacked weight vector (chunks)"))
+
+    def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
+        if req.kind is not OpKind.ATTN_INPUT or not target.vnni or req.qtype not in QUANTIZED:
+            return False
+        hd = req.in_types[0].shape[-1]
+        rope_dim, neox = int(req.attr("rope_dim")), bool(req.attr("neox"))
+        return hd % L == 0 and (rope_dim // 2) % L == 0 if neox else rope_dim % L == 0
+
+    def default_knobs(self, req: KernelRequest, target: TargetPreset) -> dict[str, int]:
+        knobs = super().default_knobs(req, target)
+        if req.m == 1:
+            knobs["tokens_per_tile"] = 1
+        return knobs
+
+    def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
+        return build_attention_input(req, knobs["tokens_per_tile"], knobs["prefetch_bytes"])

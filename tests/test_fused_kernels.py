@@ -1,0 +1,92 @@
+"""The fused integer kernels against float64: the FFN block, and norm + QKV + RoPE + KV append."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as G
+from gguf.quants import dequantize
+from kernels import PRESET, build, build_request
+from quantizers import quantize
+from test_kernels import _rope_ref, _table, from_blocks, to_blocks
+
+import tvm
+from ellm.compiler.graph import OpKind, TensorType
+from ellm.quant import QuantType
+from ellm.quant.tiled import TILED_COMPONENTS, pack_tiled
+from ellm.schedules import KernelRequest
+
+pytestmark = pytest.mark.skipif(not PRESET.vnni, reason="needs an AVX-512 VNNI target")
+
+
+def _weight(qtype, n, k, seed):
+    raw = quantize(np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32) * 0.05, int(qtype))
+    return [pack_tiled(raw, qtype)[c.name] for c in TILED_COMPONENTS[qtype]], dequantize(raw, G(int(qtype))).reshape(n, k)
+
+
+def _norm(x, g):
+    x = x.astype(np.float64)
+    return x / np.sqrt((x**2).mean(1, keepdims=True) + 1e-5) * g
+
+
+@pytest.mark.parametrize("m", [1, 5])
+def test_ffn(m):
+    D, F = 256, 512
+    gu, Wgu = _weight(QuantType.Q4_K, 2 * F, D, 1)
+    dn, Wdn = _weight(QuantType.Q6_K, D, F, 2)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((m, D)).astype(np.float32)
+    g = rng.standard_normal(D).astype(np.float32)
+    req = KernelRequest(
+        OpKind.FFN, 1 if m == 1 else None, (TensorType(("T", D)),), (None,), (TensorType(("T", D)),), QuantType.Q4_K,
+        (2 * F, D), ("norm",), (("act_bits", 16), ("d_ff", F), ("layout", "tile16"), ("norm_eps", 1e-5)),
+        ((QuantType.Q6_K, D, F, "tile16"),),
+    )
+    rule, f = build_request(req)
+    assert rule.name == "vnni_ffn"
+    ts = [tvm.runtime.tensor(a) for a in (x, *gu, *dn, g, np.zeros((m, D), np.float32))]
+    build(f)["vnni_ffn"](*ts)
+    h = _norm(x, g) @ Wgu.T
+    gate, up = h[:, :F], h[:, F:]
+    ref = x + (gate / (1 + np.exp(-gate)) * up) @ Wdn.T
+    assert np.abs(ts[-1].numpy() - ref).max() <= 1e-4 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("neox,rope_dim,bias", [(False, 64, False), (True, 64, True), (False, 32, False), (True, 32, True)])
+@pytest.mark.parametrize("m", [1, 3])
+def test_attention_input(neox, rope_dim, bias, m):
+    H, Hkv, hd, Lyr, C, pos, layer, D = 4, 2, 64, 2, 64, 21, 1, 256
+    N = (H + 2 * Hkv) * hd
+    w, W = _weight(QuantType.Q4_1, N, D, 4)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((m, D)).astype(np.float32)
+    g = rng.standard_normal(D).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32)
+    cache_t = TensorType((Lyr, Hkv, "C", hd), "float32")
+    req = KernelRequest(
+        OpKind.ATTN_INPUT, 1 if m == 1 else None, (cache_t, TensorType(("T", D))), (None, None),
+        (TensorType(("T", H * hd)), cache_t), QuantType.Q4_1, (N, D), ("norm", "bias") if bias else ("norm",),
+        (("act_bits", 16), ("layout", "tile16"), ("n_heads", H), ("n_kv_heads", Hkv), ("neox", neox),
+         ("norm_eps", 1e-5), ("rope_dim", rope_dim)),
+    )
+    rule, f = build_request(req)
+    assert rule.name == "attention_input"
+    kc = np.zeros((Lyr, Hkv, C, hd), np.float32)
+    vc = np.zeros((Lyr, Hkv, C, hd), np.float32)
+    args = [to_blocks(kc), vc, x, *w, g] + ([b] if bias else []) + [_table(C, 10000.0, rope_dim)]
+    ts = [tvm.runtime.tensor(a) for a in args]
+    q = tvm.runtime.tensor(np.zeros((m, H * hd), np.float32))
+    build(f)["attention_input"](*ts, pos, layer, q)
+    qkv = _norm(x, g) @ W.T + (b if bias else 0)
+    positions = np.arange(pos, pos + m, dtype=np.float64)
+    q_ref = _rope_ref(qkv[:, : H * hd].reshape(m, H, hd), positions, 10000.0, rope_dim, neox).reshape(m, -1)
+    k_ref = _rope_ref(qkv[:, H * hd : (H + Hkv) * hd].reshape(m, Hkv, hd), positions, 10000.0, rope_dim, neox)
+    v_ref = qkv[:, (H + Hkv) * hd :].reshape(m, Hkv, hd)
+    tol = 1e-4 * np.abs(qkv).max()
+    assert np.abs(q.numpy() - q_ref).max() <= tol
+    k_out, v_out = from_blocks(ts[0].numpy()), ts[1].numpy()
+    assert np.abs(k_out[layer, :, pos : pos + m].transpose(1, 0, 2) - k_ref).max() <= tol
+    assert np.abs(v_out[layer, :, pos : pos + m].transpose(1, 0, 2) - v_ref).max() <= tol
+    k_out[layer, :, pos : pos + m] = 0
+    v_out[layer, :, pos : pos + m] = 0
+    assert not k_out.any() and not v_out.any()  # nothing else written
