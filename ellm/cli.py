@@ -38,6 +38,7 @@ def cmd_compile(a: argparse.Namespace) -> int:
         target=a.target,
         kv_dtype=KV_TYPES[a.kv_type],
         disable_passes=tuple(a.disable_pass or ()),
+        enable_passes=tuple(a.enable_pass or ()),
         tuning_db=Path(a.tuning_db) if a.tuning_db else None,
         max_chunk=a.max_chunk,
         activations=a.activations,
@@ -210,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--target", default="auto", help="target preset or 'auto' (see `ellm targets`)")
     c.add_argument("--kv-type", choices=sorted(KV_TYPES), default="f16", help="KV cache element type")
     c.add_argument("--disable-pass", action="append", metavar="PASS", help="skip a graph pass (repeatable)")
+    c.add_argument("--enable-pass", action="append", metavar="PASS", help="run an opt-in graph pass, e.g. fuse_ffn")
     c.add_argument("--tuning-db", help="JSON tuning database with schedule knobs (ellm tune)")
     c.add_argument(
         "--activations", choices=["auto", "int16", "int8", "f32"], default="auto",

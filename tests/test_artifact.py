@@ -23,7 +23,7 @@ def test_manifest_records_source_target_and_files(manifest, artifact, model_path
     assert manifest["target"]["tvm"]["kind"] == "llvm" and manifest["target"]["tvm"]["mcpu"]
     assert "avx2" in manifest["target"]["required_cpu_features"]
     if manifest["activations"] != "f32":
-        rules = {"vnni_gemv", "vnni_gemm", "vnni_ffn", "attention_input"}
+        rules = {"vnni_gemv", "vnni_gemm", "attention_input"}
     else:
         rules = {"gemv", "gemm", "rope_kv_append", "silu_mul"}
     assert {k["rule"] for k in manifest["kernels"]} >= rules | {"attention", "attention_decode", "embedding"}

@@ -80,8 +80,13 @@ def test_fuse_rope_kv_append_needs_fused_qkv(smol):
 
 def test_pipeline_result(smol):
     g = run_pipeline(smol, CTX)
-    assert dict(g.op_counts()) == {"embedding": 1, "attention_input": 30, "attention": 30, "matmul": 30, "ffn": 30, "lm_head": 1}
+    assert dict(g.op_counts()) == {"embedding": 1, "attention_input": 30, "attention": 30, "matmul": 90, "silu_mul": 30, "lm_head": 1}
     assert sum(w.nbytes for w in g.weights()) == sum(w.nbytes for w in smol.weights())
+
+
+def test_opt_in_ffn_fusion(smol):
+    g = run_pipeline(smol, CTX, enable=["fuse_ffn"])
+    assert dict(g.op_counts()) == {"embedding": 1, "attention_input": 30, "attention": 30, "matmul": 30, "ffn": 30, "lm_head": 1}
     ffn = g.op("blk.0.ffn")
     assert [w.name for w in ffn.weights] == ["blk.0.ffn_gate+ffn_up.weight", "blk.0.ffn_down.weight"]
     assert all(w.layout == "tile16" for w in ffn.weights) and ffn.attr("d_ff") == 1536
@@ -117,4 +122,4 @@ def test_inspect_cli(model_path):
     text = inspect_model(model_path)
     assert "23,040 bytes per token" in text  # 2 (K,V) * 30 layers * 192 * 2 bytes
     assert "Q4_1" in text and "Q8_0" in text
-    assert "attention_input      0 ->    30" in text and "ffn                  0 ->    30" in text
+    assert "attention_input      0 ->    30" in text

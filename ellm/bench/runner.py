@@ -1,8 +1,10 @@
 """`ellm bench`: decode and prefill speed against this machine's measured memory bandwidth, optionally vs llama.cpp.
 
-For each context length: measure the read bandwidth, then alternate the systems (each in a fresh
-process) for `rounds` rounds. Decode rates exclude warm-up steps; the report gives the median and
-the spread over all repeats, bytes read per decoded token, achieved GB/s and % of the bandwidth.
+For each context length, alternate the systems for `rounds` rounds, each run in a fresh process and
+preceded by a fresh measurement of the read bandwidth (this machine's bandwidth drifts by tens of
+percent within minutes). Decode rates exclude warm-up steps; the report gives the median and the
+spread over all repeats, bytes read per decoded token, achieved GB/s, and the % of the bandwidth
+measured just before each run (median over runs).
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import EllmError
-from .bandwidth import measure_read_bandwidth
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,10 @@ def ensure_llama_cpp(log: Callable[[str], None]) -> None:
 
 
 def _worker(system: str, cfg: BenchConfig, ctx: int) -> dict:
-    cmd = [sys.executable, "-m", "ellm.bench.worker", system, "--model", str(cfg.model), "--ctx", str(ctx),
-           "--gen", str(cfg.gen), "--warmup", str(cfg.warmup), "--repeat", str(cfg.repeat), "--threads", str(cfg.threads)]
+    cmd = [sys.executable, "-m", "ellm.bench.worker", system, "--threads", str(cfg.threads)]
+    if system != "bandwidth":
+        cmd += ["--model", str(cfg.model), "--ctx", str(ctx), "--gen", str(cfg.gen), "--warmup", str(cfg.warmup),
+                "--repeat", str(cfg.repeat)]
     if system == "ellm":
         cmd += ["--artifact", str(cfg.artifact)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -76,18 +79,23 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> 
         ensure_llama_cpp(log)
     rows = []
     for ctx in cfg.ctxs:
-        bw = measure_read_bandwidth(cfg.threads)
-        log(f"context {ctx}: read bandwidth {bw.gb_s_median:.1f} GB/s (median of {bw.repeats}, {bw.gb_s_min:.1f}-{bw.gb_s_max:.1f})")
+        nbytes = decode_bytes_per_token(manifest, ctx, cfg.gen)
         runs: dict[str, list[dict]] = {s: [] for s in systems}
         for r in range(cfg.rounds):
             for s in systems:  # alternate A, B, A, B: both see the same drift of a shared machine
-                runs[s].append(_worker(s, cfg, ctx))
-                log(f"  round {r + 1} {s:9s} decode {statistics.median(runs[s][-1]['decode_tok_s']):7.1f} tok/s")
-        nbytes = decode_bytes_per_token(manifest, ctx, cfg.gen)
+                bw = _worker("bandwidth", cfg, ctx)["gb_s"]
+                run = _worker(s, cfg, ctx)
+                run["bandwidth_gb_s"] = bw
+                runs[s].append(run)
+                rate = statistics.median(run["decode_tok_s"])
+                log(f"context {ctx} round {r + 1} {s:9s} decode {rate:7.1f} tok/s, bandwidth {bw:5.1f} GB/s "
+                    f"({100 * rate * nbytes / 1e9 / bw:.0f}%)")
         for s in systems:
             rates = [x for run in runs[s] for x in run["decode_tok_s"]]
             med = statistics.median(rates)
             prefill = [ctx / run["prefill_s"] for run in runs[s]]
+            bws = [run["bandwidth_gb_s"] for run in runs[s]]
+            pcts = [100 * statistics.median(run["decode_tok_s"]) * nbytes / 1e9 / run["bandwidth_gb_s"] for run in runs[s]]
             rows.append(
                 {
                     "system": s,
@@ -100,9 +108,10 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> 
                     "prefill_tok_s_max": max(prefill),
                     "bytes_per_token": nbytes,
                     "achieved_gb_s": med * nbytes / 1e9,
-                    "bandwidth_gb_s": bw.gb_s_median,
-                    "pct_of_bandwidth": 100 * med * nbytes / 1e9 / bw.gb_s_median,
-                    "bound_tok_s": bw.gb_s_median * 1e9 / nbytes,
+                    "bandwidth_gb_s": statistics.median(bws),
+                    "bandwidth_gb_s_per_run": bws,
+                    "pct_of_bandwidth": statistics.median(pcts),
+                    "bound_tok_s": statistics.median(bws) * 1e9 / nbytes,
                 }
             )
     ratios = []

@@ -1,6 +1,7 @@
-"""One benchmark measurement in its own process (so eLLM's and llama.cpp's thread pools never compete).
+"""One benchmark measurement in its own process (so no two thread pools ever compete for the cores).
 
     python -m ellm.bench.worker ellm|llama.cpp --model M [--artifact DIR] --ctx N --gen G --warmup W --repeat R --threads T
+    python -m ellm.bench.worker bandwidth --threads T
 
 Prints one JSON object: prefill seconds for `ctx` prompt tokens, and decode tokens/s per repeat
 (each repeat truncates back to `ctx`, runs `warmup` untimed steps, then `gen` timed steps).
@@ -93,19 +94,26 @@ def run_llama_cpp(a) -> dict:
     return {"prefill_s": prefill_s, "decode_tok_s": rates}
 
 
+def run_bandwidth(a) -> dict:
+    from .bandwidth import measure_read_bandwidth
+
+    bw = measure_read_bandwidth(a.threads)
+    return {"gb_s": bw.gb_s_median, "gb_s_min": bw.gb_s_min, "gb_s_max": bw.gb_s_max}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("system", choices=["ellm", "llama.cpp"])
-    ap.add_argument("--model", required=True)
+    ap.add_argument("system", choices=["ellm", "llama.cpp", "bandwidth"])
+    ap.add_argument("--model")
     ap.add_argument("--artifact")
-    ap.add_argument("--ctx", type=int, required=True)
+    ap.add_argument("--ctx", type=int, default=0)
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--no-flash-attn", dest="flash_attn", action="store_false")
     a = ap.parse_args()
-    out = run_ellm(a) if a.system == "ellm" else run_llama_cpp(a)
+    out = {"ellm": run_ellm, "llama.cpp": run_llama_cpp, "bandwidth": run_bandwidth}[a.system](a)
     out.update(system=a.system, ctx=a.ctx, threads=a.threads)
     json.dump(out, sys.stdout)
 

@@ -23,7 +23,7 @@ from .inspect import decode_weight_bytes
 from .lower import ENTRIES, KV_K_BLOCK, lower
 from .pack_weights import pack_params
 from .pass_context import ACTIVATIONS, PassContext
-from .pipeline import pass_names, run_pipeline
+from .pipeline import enabled_passes, pass_names, run_pipeline
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,7 @@ class CompileOptions:
     target: str = "auto"  # a preset name or "auto"
     kv_dtype: str = "float16"
     disable_passes: tuple[str, ...] = ()
+    enable_passes: tuple[str, ...] = ()  # opt-in passes (pipeline.OPT_IN)
     tuning_db: Path | None = None
     max_chunk: int = 256  # most tokens per prefill step; buffers are planned for this size
     activations: str = "auto"  # "int16"/"int8" (VNNI integer matmuls), "f32" (float path), "auto": int16 where VNNI
@@ -43,7 +44,7 @@ class CompileOptions:
             raise EllmError(f"max_chunk must be between 1 and 65536, got {self.max_chunk}")
         if self.kv_dtype not in KV_DTYPES:
             raise EllmError(f"unsupported KV cache type {self.kv_dtype!r} (supported: {', '.join(KV_DTYPES)})")
-        unknown = set(self.disable_passes) - set(pass_names())
+        unknown = (set(self.disable_passes) | set(self.enable_passes)) - set(pass_names())
         if unknown:
             raise EllmError(f"unknown pass(es) {sorted(unknown)}; passes are: {', '.join(pass_names())}")
 
@@ -69,7 +70,7 @@ def pass_context(options: CompileOptions, preset: TargetPreset) -> PassContext:
 def build_graph(gf: GGUFFile, cfg: ModelConfig, options: CompileOptions, preset: TargetPreset) -> tuple[Graph, Graph]:
     """(imported graph, optimised graph)."""
     g0 = import_llama(gf, cfg, options.kv_dtype)
-    return g0, run_pipeline(g0, pass_context(options, preset), disable=options.disable_passes)
+    return g0, run_pipeline(g0, pass_context(options, preset), disable=options.disable_passes, enable=options.enable_passes)
 
 
 def compile_model(
@@ -140,7 +141,7 @@ def compile_model(
             "max_chunk": options.max_chunk,
             "decode_weight_bytes": decode_weight_bytes(g),
             "graph": {
-                "passes": [p for p in pass_names() if p not in options.disable_passes],
+                "passes": enabled_passes(options.disable_passes, options.enable_passes),
                 "ops_imported": dict(g0.op_counts()),
                 "ops": dict(g.op_counts()),
             },

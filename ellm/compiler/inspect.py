@@ -14,7 +14,7 @@ from .graph import Graph, OpKind
 from .import_llama import import_llama
 from ..targets import resolve_target
 from .pass_context import PassContext
-from .pipeline import pass_names, run_pipeline
+from .pipeline import enabled_passes, run_pipeline
 
 
 def weight_bytes_by_type(g: Graph) -> dict[str, dict[str, int]]:
@@ -60,7 +60,7 @@ def inspect_model(model, kv_type: str = "float16", as_json: bool = False) -> str
         "config": cfg.to_dict(),
         "ops_imported": dict(g0.op_counts()),
         "ops": dict(g.op_counts()),
-        "passes": pass_names(),
+        "passes": enabled_passes(),
         "weights": weight_bytes_by_type(g),
         "decode_weight_bytes_per_token": decode_weight_bytes(g),
         "kv_dtype": kv_type,
@@ -72,7 +72,7 @@ def inspect_model(model, kv_type: str = "float16", as_json: bool = False) -> str
         f"model   {path.name}: {cfg.arch}, {cfg.n_layers} layers, d_model {cfg.d_model}, "
         f"{cfg.n_heads} heads / {cfg.n_kv_heads} KV heads of {cfg.head_dim}, FFN {cfg.d_ff}, vocab {cfg.vocab_size}, "
         f"context {cfg.ctx_train}",
-        f"passes  {', '.join(pass_names())}",
+        f"passes  {', '.join(enabled_passes())}",
         "ops     imported -> compiled",
     ]
     kinds = sorted(set(info["ops_imported"]) | set(info["ops"]))

@@ -47,65 +47,62 @@ def cache_shapes(cache_t, k_block: int = KB):
     return (L, Hkv, cb, hd, k_block), (L, Hkv, c, hd)
 
 
-def _attend_range(q, kc, vc, layer, kvh, queries, G: int, hd: int, b0, b1, scale: float, st, acc, sbuf, pbuf):
+class _State:
+    """Online-softmax state of one (query, head): small separate stack buffers, so LLVM keeps them in
+    registers (TVM puts buffers over 1 KiB on the heap, where every update becomes a store)."""
+
+    def __init__(self, hd: int):
+        self.m = I.alloc_buffer((1,), "float32")  # running max
+        self.l = I.alloc_buffer((1,), "float32")  # running sum
+        self.acc = I.alloc_buffer((hd,), "float32")  # sum_j p_j v_j
+        self.s = I.alloc_buffer((KB,), "float32")  # scores of the current block
+        self.p = I.alloc_buffer((KB,), "float32")  # their probabilities
+        I.buffer_store(self.m, _f32(NEG), [0])
+        I.buffer_store(self.l, _f32(0.0), [0])
+        for c in range(hd // KB):
+            I.buffer_store(self.acc, _bc(_f32(0.0)), [_ramp(c * KB)])
+
+
+def _attend_range(q, kc, vc, layer, kvh, queries, G: int, hd: int, b0, b1, scale: float, states) -> None:
     """Online softmax over key blocks [b0, b1) for `queries`: list of (row t, n_ctx) sharing KV head kvh.
 
-    State per (query i, head g): st[(i*G+g)*2 + 0/1] = running max / sum, acc[(i*G+g)*hd + d].
+    states[i * G + g] is the _State of query i and head g.
     """
     nq = len(queries)
     with I.serial(b0, b1) as b:
-        for s in range(nq * G):
-            I.buffer_store(sbuf, _bc(_f32(0.0)), [_ramp(s * KB)])
+        for st in states:
+            I.buffer_store(st.s, _bc(_f32(0.0)), [_ramp(0)])
         with I.serial(0, hd) as d:
             kv = I.Bind(tirx.Cast(F32, kc[layer, kvh, b, d, _ramp(0)]))
             for i, (t, _) in enumerate(queries):
                 for g in range(G):
-                    s = i * G + g
+                    st = states[i * G + g]
                     qd = q[t, (kvh * G + g) * hd + d]
-                    I.buffer_store(sbuf, sbuf[_ramp(s * KB)] + _bc(qd) * kv, [_ramp(s * KB)])
+                    I.buffer_store(st.s, st.s[_ramp(0)] + _bc(qd) * kv, [_ramp(0)])
         n_valid = []
         for i, (t, n_ctx) in enumerate(queries):
             valid = _ramp(b * KB) < _bc(n_ctx)
             n_valid.append(tirx.min(tirx.IntImm("int64", KB), n_ctx - b * KB))
             for g in range(G):
-                s = i * G + g
-                sc = I.Bind(tirx.Select(valid, sbuf[_ramp(s * KB)] * _bc(_f32(scale)), _bc(_f32(NEG))))
-                m_old = st[s * 2]
+                st = states[i * G + g]
+                sc = I.Bind(tirx.Select(valid, st.s[_ramp(0)] * _bc(_f32(scale)), _bc(_f32(NEG))))
+                m_old = st.m[0]
                 m_new = I.Bind(tirx.max(m_old, hmax(sc)))
                 corr = I.Bind(exp_f32(m_old - m_new))
                 p = I.Bind(exp_f32(sc - _bc(m_new)))
-                I.buffer_store(pbuf, p, [_ramp(s * KB)])
-                I.buffer_store(st, st[s * 2 + 1] * corr + hsum(p), [s * 2 + 1])
-                I.buffer_store(st, m_new, [s * 2])
+                I.buffer_store(st.p, p, [_ramp(0)])
+                I.buffer_store(st.l, st.l[0] * corr + hsum(p), [0])
+                I.buffer_store(st.m, m_new, [0])
                 for c in range(hd // KB):
-                    a = _ramp((s * hd) + c * KB)
-                    I.buffer_store(acc, acc[a] * _bc(corr), [a])
+                    I.buffer_store(st.acc, st.acc[_ramp(c * KB)] * _bc(corr), [_ramp(c * KB)])
         # V: only rows that exist (beyond n_ctx the cache holds stale or uninitialised values)
         with I.serial(0, tirx.max(*n_valid) if nq > 1 else n_valid[0]) as jj:
             vrow = [I.Bind(tirx.Cast(F32, vc[layer, kvh, b * KB + jj, _ramp(c * KB)])) for c in range(hd // KB)]
-            for i in range(nq):
-                for g in range(G):
-                    s = i * G + g
-                    pj = pbuf[s * KB + jj]
-                    for c in range(hd // KB):
-                        a = _ramp((s * hd) + c * KB)
-                        I.buffer_store(acc, acc[a] + _bc(pj) * vrow[c], [a])
-
-
-def _init_state(nq: int, G: int, hd: int, st, acc) -> None:
-    for s in range(nq * G):
-        I.buffer_store(st, _f32(NEG), [s * 2])
-        I.buffer_store(st, _f32(0.0), [s * 2 + 1])
-        for c in range(hd // KB):
-            I.buffer_store(acc, _bc(_f32(0.0)), [_ramp(s * hd + c * KB)])
-
-
-def _scratch(nq: int, G: int, hd: int):
-    st = I.alloc_buffer((nq * G * 2,), "float32")
-    acc = I.alloc_buffer((nq * G * hd,), "float32")
-    sbuf = I.alloc_buffer((nq * G * KB,), "float32")
-    pbuf = I.alloc_buffer((nq * G * KB,), "float32")
-    return st, acc, sbuf, pbuf
+            for st in states:
+                pj = st.p[jj]
+                for c in range(hd // KB):
+                    a = _ramp(c * KB)
+                    I.buffer_store(st.acc, st.acc[a] + _bc(pj) * vrow[c], [a])
 
 
 def build_attention(req: KernelRequest, queries: int, chunk: int):
@@ -143,17 +140,16 @@ def _prefill(q, kc, vc, pos, layer, out, n, Hkv: int, G: int, hd: int, scale: fl
         r = task // Hkv
         kvh = task % Hkv
         tile = I.Bind(tirx.Select(r % 2 == 0, r // 2, tiles - 1 - r // 2))
-        st, acc, sbuf, pbuf = _scratch(nq, G, hd)
-        _init_state(nq, G, hd, st, acc)
+        states = [_State(hd) for _ in range(nq * G)]
         rows = [I.Bind(tirx.min(tile * nq + i, n - 1)) for i in range(nq)]  # a short last tile repeats row n-1
         queries = [(t, pos + t + 1) for t in rows]
-        _attend_range(q, kc, vc, layer, kvh, queries, G, hd, 0, (pos + rows[-1] + KB) // KB, scale, st, acc, sbuf, pbuf)
+        _attend_range(q, kc, vc, layer, kvh, queries, G, hd, 0, (pos + rows[-1] + KB) // KB, scale, states)
         for i, t in enumerate(rows):
             for g in range(G):
-                s = i * G + g
-                inv = I.Bind(_f32(1.0) / st[s * 2 + 1])
+                st = states[i * G + g]
+                inv = I.Bind(_f32(1.0) / st.l[0])
                 for c in range(hd // KB):
-                    I.buffer_store(out, acc[_ramp(s * hd + c * KB)] * _bc(inv), [t, _ramp((kvh * G + g) * hd + c * KB)])
+                    I.buffer_store(out, st.acc[_ramp(c * KB)] * _bc(inv), [t, _ramp((kvh * G + g) * hd + c * KB)])
 
 
 def _decode_split_k(q, kc, vc, pos, layer, out, Hkv: int, G: int, hd: int, scale: float, chunk: int) -> None:
@@ -167,16 +163,15 @@ def _decode_split_k(q, kc, vc, pos, layer, out, Hkv: int, G: int, hd: int, scale
     with I.parallel(0, Hkv * n_chunks) as task:
         kvh = task // n_chunks
         c = task % n_chunks
-        st, acc, sbuf, pbuf = _scratch(1, G, hd)
-        _init_state(1, G, hd, st, acc)
+        states = [_State(hd) for _ in range(G)]
         b0 = c * blocks_per_chunk
         b1 = tirx.min(b0 + blocks_per_chunk, (n_ctx + KB - 1) // KB)
-        _attend_range(q, kc, vc, layer, kvh, [(0, n_ctx)], G, hd, b0, b1, scale, st, acc, sbuf, pbuf)
-        for g in range(G):
-            I.buffer_store(part_st, st[g * 2], [(task * G + g) * 2])
-            I.buffer_store(part_st, st[g * 2 + 1], [(task * G + g) * 2 + 1])
+        _attend_range(q, kc, vc, layer, kvh, [(0, n_ctx)], G, hd, b0, b1, scale, states)
+        for g, st in enumerate(states):
+            I.buffer_store(part_st, st.m[0], [(task * G + g) * 2])
+            I.buffer_store(part_st, st.l[0], [(task * G + g) * 2 + 1])
             for cc in range(hd // KB):
-                I.buffer_store(part_acc, acc[_ramp(g * hd + cc * KB)], [_ramp((task * G + g) * hd + cc * KB)])
+                I.buffer_store(part_acc, st.acc[_ramp(cc * KB)], [_ramp((task * G + g) * hd + cc * KB)])
     with I.parallel(0, Hkv * G) as h:
         kvh, g = h // G, h % G
         tot = I.alloc_buffer((2,), "float32")  # max, sum

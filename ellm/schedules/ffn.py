@@ -22,7 +22,7 @@ from .vecmath import sigmoid_f32
 from .vnni import QUANTIZED, Acts, L, for_token_tiles, micro_kernel, quantize_group, quantize_row, store_epilogue
 
 
-def build_vnni_ffn(req: KernelRequest, tokens_per_tile: int, prefetch_bytes: int):
+def build_vnni_ffn(req: KernelRequest, tokens_per_tile: int, prefetch_bytes: int, down_tiles: int = 1):
     gu_q = req.qtype
     F2, D = req.weight_shape  # gate and up rows stacked: [2 * d_ff, d_model]
     F = F2 // 2
@@ -59,10 +59,12 @@ def build_vnni_ffn(req: KernelRequest, tokens_per_tile: int, prefetch_bytes: int
                 for_token_tiles(req.m, n_tok, tokens_per_tile, gate_up)
 
             store = store_epilogue(out, x, None)
-            with I.parallel(0, D // L) as tile:
+            dt = down_tiles if (D // L) % down_tiles == 0 else 1
+            with I.parallel(0, D // L // dt) as task:
+                tiles_dn = [task * dt + j for j in range(dt)]
                 for_token_tiles(
                     req.m, n_tok, tokens_per_tile,
-                    lambda t0, tt: micro_kernel(dn_q, dn, [tile], t0, tt, F, ah, store, prefetch_bytes, True),
+                    lambda t0, tt: micro_kernel(dn_q, dn, tiles_dn, t0, tt, F, ah, store, prefetch_bytes, True),
                 )
     return ib.get()
 
@@ -70,7 +72,8 @@ def build_vnni_ffn(req: KernelRequest, tokens_per_tile: int, prefetch_bytes: int
 class VnniFfnRule(Rule):
     name = "vnni_ffn"
     knobs = (
-        Knob("tokens_per_tile", 2, (1, 2, 4), "tokens sharing each unpacked weight vector (chunks of tokens)"),
+        Knob("tokens_per_tile", 1, (1, 2, 4), "tokens sharing each unpacked weight vector (chunks of tokens)"),
+        Knob("down_tiles", 2, (1, 2), "row tiles of 16 per down-projection task"),
         Knob("prefetch_bytes", 4096, (0, 4096, 8192), "software prefetch distance in the weight streams"),
     )
 
@@ -86,8 +89,8 @@ class VnniFfnRule(Rule):
     def default_knobs(self, req: KernelRequest, target: TargetPreset) -> dict[str, int]:
         knobs = super().default_knobs(req, target)
         if req.m == 1:
-            knobs["tokens_per_tile"] = 1
+            knobs["down_tiles"] = 1
         return knobs
 
     def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
-        return build_vnni_ffn(req, knobs["tokens_per_tile"], knobs["prefetch_bytes"])
+        return build_vnni_ffn(req, knobs["tokens_per_tile"], knobs["prefetch_bytes"], knobs["down_tiles"])
