@@ -60,15 +60,14 @@ def main() -> None:
         func = inject_prefetch(lower_rule_build(k, preset)).with_attr("global_symbol", "kernel")
         ex = tvm.compile(func, target=preset.tvm_target())
         args = _inputs(func, k.req, wl, np.random.default_rng(0))
-        nbytes = sum(x.numpy().nbytes for x in args if hasattr(x, "numpy") and _is_weight(x, func, args))
-        # rotate copies of everything streamed so the working set exceeds the last-level cache
         names = _param_names(func)
-        if "layer" in names:  # the cache holds every layer: step through them, as decode does
+        nbytes = sum(x.numpy().nbytes for n, x in zip(names, args) if n.startswith(WEIGHTS))
+        # rotate copies of the weights so the working set exceeds the last-level cache
+        copies = max(1, int(64e6 // nbytes)) if nbytes else 1
+        sets = [_copy_weights(func, args) for _ in range(copies)] if nbytes else [args]
+        if "layer" in names:  # the KV cache holds every layer: step through them, as decode does
             li = names.index("layer")
-            sets = [args[:li] + [layer] + args[li + 1 :] for layer in range(cfg.n_layers)]
-        else:
-            copies = max(1, int(64e6 // max(nbytes, 1))) if nbytes else 1
-            sets = [_copy_weights(func, args) for _ in range(copies)] if nbytes else [args]
+            sets = [s[:li] + [i % cfg.n_layers] + s[li + 1 :] for i, s in enumerate(sets * cfg.n_layers)]
         f = ex["kernel"]
         for s in sets:
             f(*s)
@@ -85,8 +84,6 @@ def main() -> None:
             nbytes = 2 * cfg.n_kv_heads * a.ctx * cfg.head_dim * 2  # K and V of one layer (float16) up to ctx
         elif k.req.kind.value == "embedding":
             nbytes = nbytes // k.req.weight_shape[0]  # one row
-        elif k.req.kind.value == "rope_kv_append":
-            nbytes = 0  # writes 2 x n_kv_heads x head_dim values
         rows.append({"kernel": k.name, "rule": k.rule, "calls_per_step": calls[k.name], "us": sec * 1e6,
                      "bytes": nbytes, "gb_s": nbytes / sec / 1e9, "pct_bw": 100 * nbytes / sec / 1e9 / bw.gb_s_median})
     step_us = sum(r["us"] * r["calls_per_step"] for r in rows)
@@ -118,19 +115,14 @@ def _param_names(func):
     return [str(p.name) for p in func.params]
 
 
-STREAMED = ("w_", "gu_", "down_", "k_cache", "v_cache")  # what a decode step reads from DRAM
-
-
-def _is_weight(x, func, args) -> bool:
-    name = _param_names(func)[args.index(x)] if x in args else ""
-    return name.startswith(STREAMED)
+WEIGHTS = ("w_", "gu_", "down_")  # packed weight components: what a decode step streams besides the KV cache
 
 
 def _copy_weights(func, args):
     import tvm
 
     names = _param_names(func)
-    return [tvm.runtime.tensor(x.numpy()) if n.startswith(STREAMED) else x for n, x in zip(names, args)]
+    return [tvm.runtime.tensor(x.numpy()) if n.startswith(WEIGHTS) else x for n, x in zip(names, args)]
 
 
 if __name__ == "__main__":

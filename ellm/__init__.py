@@ -11,11 +11,11 @@ __version__ = "0.1.0"
 os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
 
 
-def load(path, threads: int | None = None, ctx_size: int | None = None):
-    """Load a compiled artifact directory into an inference engine."""
+def load(path, threads: int | None = None, ctx_size: int | None = None, **options):
+    """Load a compiled artifact directory into an inference engine (options: see runtime.engine.Engine)."""
     from .runtime.engine import Engine
 
-    return Engine.load(path, threads=threads, ctx_size=ctx_size)
+    return Engine.load(path, threads=threads, ctx_size=ctx_size, **options)
 
 
 __all__ = ["__version__", "load"]

@@ -132,7 +132,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     from .runtime.engine import Engine
 
     text = _read_prompt(a)
-    eng = Engine.load(a.artifact, threads=a.threads, ctx_size=a.ctx_size)
+    eng = Engine.load(a.artifact, threads=a.threads, ctx_size=a.ctx_size, rope_scaling=rope_scaling_option(a))
     return generate_and_report(eng, text, a)
 
 
@@ -201,6 +201,24 @@ def cmd_demo(a: argparse.Namespace) -> int:
     return run_demo(threads=a.threads, n_predict=a.n_predict, target=a.target)
 
 
+def add_rope_scaling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rope-scaling", choices=["none", "linear", "yarn"], help="override the model's RoPE scaling")
+    p.add_argument("--rope-scale", type=float, default=None, help="RoPE scaling factor (context multiplier)")
+
+
+def rope_scaling_option(a: argparse.Namespace) -> tuple[str, float] | None:
+    """(kind, factor) for Engine(rope_scaling=...), or None to keep the model's own."""
+    if a.rope_scaling is None:
+        if a.rope_scale is not None:
+            raise EllmError("--rope-scale needs --rope-scaling linear|yarn")
+        return None
+    if a.rope_scaling == "none":
+        return ("none", 1.0)
+    if a.rope_scale is None or not a.rope_scale >= 1.0:
+        raise EllmError(f"--rope-scaling {a.rope_scaling} needs --rope-scale F with F >= 1")
+    return (a.rope_scaling, a.rope_scale)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ellm", description="Compile GGUF models to fast CPU inference artifacts and run them.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -234,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--threads", type=_positive_int, default=None, help="threads (default: all CPUs)")
     r.add_argument("--ctx-size", type=_positive_int, default=None, help="context size (default: the model's)")
     r.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    add_rope_scaling_args(r)
     r.set_defaults(func=cmd_run)
 
     i = sub.add_parser("inspect", help="summarise a model's graph: ops, weight bytes per type, KV bytes per token")
@@ -274,6 +293,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("-n", "--n-predict", type=_positive_int, default=96)
     d.add_argument("--target", default="auto")
     d.set_defaults(func=cmd_demo)
+
+    from .eval.cli import add_parser as add_eval_parser, cmd_eval
+
+    add_eval_parser(sub)
+    sub.choices["eval"].set_defaults(func=cmd_eval)
     return p
 
 

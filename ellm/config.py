@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from .errors import GGUFError
@@ -10,19 +10,33 @@ from .errors import GGUFError
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 
 
+ROPE_SCALINGS = ("none", "linear", "yarn")
+
+
 @dataclass(frozen=True)
 class RopeScaling:
-    """RoPE position scaling: `none`, or `linear` (positions divided by `factor`)."""
+    """RoPE position scaling, to run a model past the context it was trained on.
+
+    `linear`: positions divided by `factor`. `yarn` (Peng et al. 2023, as llama.cpp computes it):
+    frequency pairs that turn fewer than `beta_slow` times over `original_ctx` are interpolated
+    (divided by `factor`), those that turn more than `beta_fast` times are kept, with a linear ramp
+    between; cos and sin are multiplied by attn_factor * (1 + 0.1 ln factor).
+    """
 
     kind: str = "none"
     factor: float = 1.0
-    original_ctx: int = 0
+    original_ctx: int = 0  # the trained context the ramp is measured against (0: the model's ctx_train)
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attn_factor: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.kind not in ("none", "linear"):
-            raise GGUFError(f"unsupported RoPE scaling type {self.kind!r} (supported: none, linear)")
+        if self.kind not in ROPE_SCALINGS:
+            raise GGUFError(f"unsupported RoPE scaling type {self.kind!r} (supported: {', '.join(ROPE_SCALINGS)})")
         if not self.factor > 0:
             raise GGUFError(f"RoPE scaling factor must be positive, got {self.factor}")
+        if self.original_ctx < 0 or not self.beta_fast > self.beta_slow > 0 or not self.attn_factor > 0:
+            raise GGUFError("RoPE scaling: bad original context, beta_fast/beta_slow or attn_factor")
 
 
 @dataclass(frozen=True)
@@ -84,6 +98,13 @@ class ModelConfig:
         """Bytes of K and V cache written per token over all layers."""
         return 2 * self.n_layers * self.kv_dim * kv_itemsize
 
+    def with_rope_scaling(self, kind: str, factor: float) -> ModelConfig:
+        """This config with the user's RoPE scaling instead of the GGUF's (`ellm run --rope-scaling`)."""
+        if kind == "none":
+            return replace(self, rope_scaling=RopeScaling())
+        original = self.rope_scaling.original_ctx or self.ctx_train
+        return replace(self, rope_scaling=RopeScaling(kind=kind, factor=float(factor), original_ctx=original))
+
     # --- (de)serialisation for the artifact manifest --------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -121,6 +142,9 @@ class ModelConfig:
             kind=scaling_type,
             factor=float(gf.get(f"{arch}.rope.scaling.factor", 1.0)) if scaling_type != "none" else 1.0,
             original_ctx=int(gf.get(f"{arch}.rope.scaling.original_context_length", 0)),
+            beta_fast=float(gf.get(f"{arch}.rope.scaling.yarn_beta_fast", 32.0)),
+            beta_slow=float(gf.get(f"{arch}.rope.scaling.yarn_beta_slow", 1.0)),
+            attn_factor=float(gf.get(f"{arch}.rope.scaling.attn_factor", 1.0)),
         )
         return cls(
             arch=arch,

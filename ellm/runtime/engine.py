@@ -61,12 +61,21 @@ class _Cache:
 
 class Engine:
     def __init__(
-        self, artifact: Artifact, threads: int | None = None, ctx_size: int | None = None, prefill_chunk: int | None = None
+        self,
+        artifact: Artifact,
+        threads: int | None = None,
+        ctx_size: int | None = None,
+        prefill_chunk: int | None = None,
+        rope_scaling: tuple[str, float] | None = None,
     ):
+        """`rope_scaling`: (kind, factor) replacing the GGUF's RoPE scaling, e.g. ("yarn", 4.0) to run past
+        the trained context."""
         import tvm
         from tvm import relax
 
         cfg = artifact.config
+        if rope_scaling is not None:
+            cfg = cfg.with_rope_scaling(*rope_scaling)
         self.artifact = artifact
         self.config = cfg
         self.threads = int(threads or os.cpu_count() or 1)

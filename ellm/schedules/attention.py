@@ -202,7 +202,7 @@ class AttentionDecodeRule(Rule):
     """One token: split-K over (KV head, key chunk) tasks, then a merge."""
 
     name = "attention_decode"
-    knobs = (Knob("chunk", 512, (128, 256, 512, 1024, 2048), "keys per split-K task"),)
+    knobs = (Knob("chunk", 256, (128, 256, 512, 1024, 2048), "keys per split-K task"),)
 
     def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
         return req.m == 1 and _applies(req)

@@ -1,0 +1,40 @@
+"""The reference an evaluation compares against: the same model, dense attention, float16 KV cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import __version__
+from ..errors import EllmError
+from ..fsutil import sha256_file
+from ..models import resolve_model
+from ..runtime.artifact import Artifact
+
+
+def is_reference(art: Artifact) -> bool:
+    return art.kv_dtype == "float16"
+
+
+def reference_artifact(path: Path, model: str | None, log=print) -> Path:
+    """`path` itself if it is already the reference configuration; else the GGUF it was compiled from,
+    compiled (once, cached) with a float16 KV cache for the same target."""
+    from ..compiler.build import CompileOptions, compile_model
+    from ..demo import cache_root
+
+    art = Artifact.open(path)
+    if is_reference(art):
+        return path
+    gguf = resolve_model(model)
+    digest = sha256_file(gguf)
+    if digest != art.manifest["source"]["sha256"]:
+        raise EllmError(f"{gguf} is not the GGUF {path} was compiled from (pass it with --model)")
+    preset = art.manifest["target"]["preset"]
+    out = cache_root() / f"reference-{digest[:12]}-{preset}-f16-ellm{__version__}"
+    try:
+        if is_reference(Artifact.open(out)):
+            return out
+    except EllmError:
+        pass
+    log(f"compiling the dense float16-KV reference into {out} (once) ...")
+    compile_model(gguf, out, CompileOptions(target=preset, kv_dtype="float16"), force=True, log=log)
+    return out
