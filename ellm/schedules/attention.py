@@ -47,6 +47,12 @@ def cache_shapes(cache_t, k_block: int = KB):
     return (L, Hkv, cb, hd, k_block), (L, Hkv, c, hd)
 
 
+def cache_args(cache_t):
+    """Declare the K and V cache kernel arguments (in this order), in the layout of cache_shapes."""
+    k_shape, v_shape = cache_shapes(cache_t)
+    return I.arg("k_cache", I.buffer(k_shape, cache_t.dtype)), I.arg("v_cache", I.buffer(v_shape, cache_t.dtype))
+
+
 class _State:
     """Online-softmax state of one (query, head): small separate stack buffers, so LLVM keeps them in
     registers (TVM puts buffers over 1 KiB on the heap, where every update becomes a store)."""
@@ -109,19 +115,16 @@ def build_attention(req: KernelRequest, queries: int, chunk: int):
     """`queries` query tokens per task; `chunk` > 0 splits the keys of single-token steps into chunks."""
     q_t, cache_t = req.in_types
     L, Hkv, _, hd = cache_t.shape
-    dt = cache_t.dtype
     H = int(req.attr("n_heads"))
     G = H // Hkv
     scale = 1.0 / math.sqrt(hd)
-    k_shape, v_shape = cache_shapes(cache_t)
     with IRBuilder() as ib:
         with I.prim_func():
             I.func_name("attention")
             I.func_attr({"tirx.noalias": True})
             n = req.m if req.m is not None else tirx.Var("T", "int64")
             q = I.arg("q", I.buffer((n, H * hd), "float32"))  # [T, n_heads * head_dim], rotated
-            kc = I.arg("k_cache", I.buffer(k_shape, dt))
-            vc = I.arg("v_cache", I.buffer(v_shape, dt))
+            kc, vc = cache_args(cache_t)
             pos = I.arg("pos", tirx.Var("pos", "int64"))
             layer = I.arg("layer", tirx.Var("layer", "int64"))
             out = I.arg("out", I.buffer((n, H * hd), "float32"))

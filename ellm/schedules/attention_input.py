@@ -17,7 +17,7 @@ from tvm.tirx.script.builder import ir as I
 from ..compiler.graph import OpKind
 from ..quant.tiled import TILED_COMPONENTS
 from ..targets import TargetPreset
-from .attention import KB, cache_shapes
+from .attention import KB, cache_args
 from .rule import KernelRequest, Knob, Rule
 from .vnni import QUANTIZED, Acts, L, _ramp, for_token_tiles, micro_kernel, quantize_row
 
@@ -55,14 +55,12 @@ def build_attention_input(req: KernelRequest, tokens_per_tile: int, prefetch_byt
     N, K = req.weight_shape  # (H + 2 Hkv) * hd rows: [q | k | v]
     bits = int(req.attr("act_bits", 8))
     nv = hd // L  # vectors per head
-    k_shape, v_shape = cache_shapes(cache_t)
     with IRBuilder() as ib:
         with I.prim_func():
             I.func_name("attention_input")
             I.func_attr({"tirx.noalias": True})
             n_tok = req.m if req.m is not None else tirx.Var("T", "int64")
-            kc = I.arg("k_cache", I.buffer(k_shape, dt))
-            vc = I.arg("v_cache", I.buffer(v_shape, dt))
+            kc, vc = cache_args(cache_t)
             x = I.arg("x", I.buffer((n_tok, K), "float32"))
             w = {c.name: I.arg(f"w_{c.name}", I.buffer(c.shape(N, K), c.dtype)) for c in TILED_COMPONENTS[qtype]}
             gain = I.arg("norm", I.buffer((K,), "float32"))
