@@ -28,7 +28,17 @@ def _nonneg_int(s: str) -> int:
     return v
 
 
-KV_TYPES = {"f16": "float16", "f32": "float32"}
+def add_kv_type_args(p: argparse.ArgumentParser) -> None:
+    from .kv.plan import KV_TYPE_NAMES
+
+    names = list(KV_TYPE_NAMES)
+    p.add_argument("--kv-type", choices=names, default="f16", help="KV cache type of K and V (default f16)")
+    p.add_argument("--cache-type-k", choices=names, help="K cache type (overrides --kv-type)")
+    p.add_argument("--cache-type-v", choices=names, help="V cache type (overrides --kv-type)")
+
+
+def kv_types(a: argparse.Namespace) -> tuple[str, str]:
+    return a.cache_type_k or a.kv_type, a.cache_type_v or a.kv_type
 
 
 def cmd_compile(a: argparse.Namespace) -> int:
@@ -36,7 +46,8 @@ def cmd_compile(a: argparse.Namespace) -> int:
 
     options = CompileOptions(
         target=a.target,
-        kv_dtype=KV_TYPES[a.kv_type],
+        cache_type_k=kv_types(a)[0],
+        cache_type_v=kv_types(a)[1],
         disable_passes=tuple(a.disable_pass or ()),
         enable_passes=tuple(a.enable_pass or ()),
         tuning_db=Path(a.tuning_db) if a.tuning_db else None,
@@ -139,7 +150,7 @@ def cmd_run(a: argparse.Namespace) -> int:
 def cmd_inspect(a: argparse.Namespace) -> int:
     from .compiler.inspect import inspect_model
 
-    print(inspect_model(a.model, kv_type=KV_TYPES[a.kv_type], as_json=a.json))
+    print(inspect_model(a.model, *kv_types(a), as_json=a.json))
     return 0
 
 
@@ -227,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("model", nargs="?", help="GGUF file (default: the bundled SmolLM2-135M-Instruct Q4_1)")
     c.add_argument("-o", "--output", required=True, help="artifact directory to write")
     c.add_argument("--target", default="auto", help="target preset or 'auto' (see `ellm targets`)")
-    c.add_argument("--kv-type", choices=sorted(KV_TYPES), default="f16", help="KV cache element type")
+    add_kv_type_args(c)
     c.add_argument("--disable-pass", action="append", metavar="PASS", help="skip a graph pass (repeatable)")
     c.add_argument("--enable-pass", action="append", metavar="PASS", help="run an opt-in graph pass, e.g. fuse_ffn")
     c.add_argument("--tuning-db", help="JSON tuning database with schedule knobs (ellm tune)")
@@ -257,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("inspect", help="summarise a model's graph: ops, weight bytes per type, KV bytes per token")
     i.add_argument("model", nargs="?", help="GGUF file (default: the bundled model)")
-    i.add_argument("--kv-type", choices=sorted(KV_TYPES), default="f16")
+    add_kv_type_args(i)
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=cmd_inspect)
 

@@ -82,7 +82,7 @@ def test_eval_ppl_cli_against_dense(artifact, tmp_path):
     from ellm.compiler.build import CompileOptions, compile_model
 
     art32 = tmp_path / "f32"
-    compile_model(__import__("ellm.models", fromlist=["x"]).default_model_path(), art32, CompileOptions(kv_dtype="float32"))
+    compile_model(__import__("ellm.models", fromlist=["x"]).default_model_path(), art32, CompileOptions(cache_type_k="f32", cache_type_v="f32"))
     env = dict(os.environ, ELLM_CACHE=str(tmp_path / "cache"))
     p = subprocess.run([sys.executable, "-m", "ellm", "eval", "ppl", art32, opticks(), "--ctx", "600", "--against", "dense",
                         "--json"], capture_output=True, text=True, timeout=900, env=env)

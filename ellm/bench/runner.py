@@ -61,13 +61,22 @@ def _worker(system: str, cfg: BenchConfig, ctx: int) -> dict:
     return json.loads(proc.stdout)
 
 
-def decode_bytes_per_token(manifest: dict, ctx: int, gen: int) -> int:
-    """Weights read by one decode step plus the KV cache it attends over (mean context of the timed steps)."""
-    cfg = manifest["config"]
+def decode_bytes_per_token(manifest: dict, ctx: int, gen: int, kv_bytes_per_token: float | None = None) -> int:
+    """Weights read by one decode step plus the KV cache it attends over (mean context of the timed steps).
+
+    `kv_bytes_per_token`: the cache's bytes per token (default: the artifact's plan)."""
+    from ..kv.plan import KVPlan
+
     weights = manifest["decode_weight_bytes"]
-    kv_item = {"float16": 2, "float32": 4}[manifest["kv_cache"]["dtype"]]
-    mean_ctx = ctx + gen / 2
-    return int(weights + 2 * cfg["n_layers"] * cfg["n_kv_heads"] * cfg["head_dim"] * kv_item * mean_ctx)
+    if kv_bytes_per_token is None:
+        kv_bytes_per_token = KVPlan.from_dict(manifest["kv_cache"]).bytes_per_token()
+    return int(weights + kv_bytes_per_token * (ctx + gen / 2))
+
+
+def f16_kv_bytes_per_token(manifest: dict) -> int:
+    """llama.cpp's F16 cache: K and V of every layer and KV head."""
+    cfg = manifest["config"]
+    return 2 * cfg["n_layers"] * cfg["n_kv_heads"] * cfg["head_dim"] * 2
 
 
 def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> dict:
@@ -79,7 +88,9 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> 
         ensure_llama_cpp(log)
     rows = []
     for ctx in cfg.ctxs:
-        nbytes = decode_bytes_per_token(manifest, ctx, cfg.gen)
+        # what each system's decode step must read: eLLM's cache per its plan, llama.cpp's in F16
+        nbytes_of = {"ellm": decode_bytes_per_token(manifest, ctx, cfg.gen),
+                     "llama.cpp": decode_bytes_per_token(manifest, ctx, cfg.gen, f16_kv_bytes_per_token(manifest))}
         runs: dict[str, list[dict]] = {s: [] for s in systems}
         for r in range(cfg.rounds):
             for s in systems:  # alternate A, B, A, B: both see the same drift of a shared machine
@@ -88,9 +99,11 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> 
                 run["bandwidth_gb_s"] = bw
                 runs[s].append(run)
                 rate = statistics.median(run["decode_tok_s"])
+                nbytes = nbytes_of[s]
                 log(f"context {ctx} round {r + 1} {s:9s} decode {rate:7.1f} tok/s, bandwidth {bw:5.1f} GB/s "
                     f"({100 * rate * nbytes / 1e9 / bw:.0f}%)")
         for s in systems:
+            nbytes = nbytes_of[s]
             rates = [x for run in runs[s] for x in run["decode_tok_s"]]
             med = statistics.median(rates)
             prefill = [ctx / run["prefill_s"] for run in runs[s]]
@@ -128,7 +141,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> 
         "warmup": cfg.warmup,
         "repeat": cfg.repeat,
         "rounds": cfg.rounds,
-        "kv_cache": manifest["kv_cache"]["dtype"],
+        "kv_cache": {"k": manifest["kv_cache"]["k"], "v": manifest["kv_cache"]["v"], "block": manifest["kv_cache"]["block"]},
         "rows": rows,
         "ratios": ratios,
     }

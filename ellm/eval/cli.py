@@ -150,4 +150,6 @@ def describe(eng) -> str:
     """The settings that change results: attention mode and KV precision."""
     rs = eng.config.rope_scaling
     rope = f", RoPE {rs.kind} x{rs.factor:g}" if rs.kind != "none" else ""
-    return f"attention dense, KV {eng.artifact.kv_dtype}{rope}"
+    plan = eng.kv_plan
+    kv = "/".join(sorted({t.value for t in plan.k})) + " K, " + "/".join(sorted({t.value for t in plan.v})) + " V"
+    return f"attention dense, {kv}{rope}"
