@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..cli import add_rope_scaling_args, rope_scaling_option
+from ..cli import _positive_int, add_rope_scaling_args, prefill_progress, rope_scaling_option
 from ..errors import EllmError
 
 
@@ -35,7 +35,7 @@ def add_parser(sub) -> None:
     def common(p) -> None:
         p.add_argument("--model", help="the GGUF the artifact was compiled from (for --against; default: the bundled model)")
         p.add_argument("--against", choices=["dense"], help="also run the dense F16-KV reference and compare")
-        p.add_argument("--threads", type=int, default=None)
+        p.add_argument("--threads", type=_positive_int, default=None)
         p.add_argument("--json", action="store_true", help="print one JSON object")
         add_rope_scaling_args(p)
 
@@ -43,7 +43,7 @@ def add_parser(sub) -> None:
     p.add_argument("artifact", nargs="?", help="artifact directory (default: the bundled model, compiled and cached)")
     p.add_argument("--lengths", type=_ints, default=[1024, 2048, 4096, 8192], help="prompt lengths in tokens")
     p.add_argument("--depths", type=_floats, default=[0.1, 0.3, 0.5, 0.7, 0.9], help="key positions in [0, 1]")
-    p.add_argument("--trials", type=int, default=1, help="random keys per length and depth")
+    p.add_argument("--trials", type=_positive_int, default=1, help="random keys per length and depth")
     p.add_argument("--seed", type=int, default=0)
     common(p)
 
@@ -83,8 +83,6 @@ def cmd_eval(a: argparse.Namespace) -> int:
 def _passkey(a: argparse.Namespace) -> int:
     from .passkey import run_passkey
 
-    if a.trials < 1:
-        raise EllmError("--trials must be at least 1")
     if any(not 0 <= d <= 1 for d in a.depths):
         raise EllmError("--depths must lie in [0, 1]")
     ctx = max(a.lengths) + 16
@@ -126,11 +124,7 @@ def _ppl(a: argparse.Namespace) -> int:
     if len(ids) < a.ctx:
         raise EllmError(f"{a.file} has only {len(ids)} tokens; --ctx {a.ctx} needs more text")
 
-    def progress(done: int, total: int) -> None:
-        if not a.json and sys.stderr.isatty():
-            print(f"\rscored {done:,d}/{total:,d} tokens", end="\n" if done == total else "", file=sys.stderr, flush=True)
-
-    r = perplexity(eng, ids, ref, progress=progress)
+    r = perplexity(eng, ids, ref, progress=None if a.json else prefill_progress())
     out = {"file": str(a.file), "ctx": a.ctx, "config": describe(eng), **r.to_dict()}
     if ref is not None:
         out["reference_config"] = describe(ref)
