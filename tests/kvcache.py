@@ -142,7 +142,7 @@ def block_bounds_ref(plan: KVPlan, layer: int, ks: np.ndarray, q: np.ndarray, h:
 
 def sparse_ref(plan: KVPlan, layer: int, k: np.ndarray, v: np.ndarray, q: np.ndarray, t: int, H: int,
                sinks: int, window: int, topk: int) -> np.ndarray:
-    """Block-sparse attention of one query at position t (no widening): sinks, the block-aligned window,
+    """Block-sparse attention of one query at position t (no widening): sink blocks, the block-aligned window,
     and the top-K remote blocks by bound, each KV head choosing for its G query heads."""
     B, hd = plan.block, plan.head_dim
     Hkv = k.shape[0]
@@ -152,17 +152,16 @@ def sparse_ref(plan: KVPlan, layer: int, k: np.ndarray, v: np.ndarray, q: np.nda
     raw = k[:, : t + 1].astype(rd).astype(np.float64)
     n_ctx = t + 1
     wb = max(n_ctx - max(window, plan.recent * B), 0) // B
+    sb = min(-(-sinks // B), wb)  # sink blocks: the first `sinks` tokens rounded up to whole blocks
     out = np.zeros(H * hd)
     for h in range(Hkv):
-        if wb <= topk:
+        if wb - sb <= topk:
             keys = np.arange(n_ctx)
         else:
-            bounds = block_bounds_ref(plan, layer, raw, q, h, wb, H)
-            chosen = sorted(np.argsort(-bounds, kind="stable")[:topk])
-            keys = [np.arange(b * B, (b + 1) * B) for b in chosen] + [np.arange(wb * B, n_ctx)]
-            if 0 not in chosen:
-                keys.insert(0, np.arange(min(sinks, n_ctx)))
-            keys = np.concatenate(keys)
+            bounds = block_bounds_ref(plan, layer, raw, q, h, wb, H)[sb:]
+            chosen = sorted(sb + np.argsort(-bounds, kind="stable")[:topk])
+            keys = np.concatenate([np.arange(sb * B)] + [np.arange(b * B, (b + 1) * B) for b in chosen]
+                                  + [np.arange(wb * B, n_ctx)])
         sub_k, sub_v = ks[h : h + 1, keys], vs[h : h + 1, keys]
         qh = q[h * G * hd : (h + 1) * G * hd]
         out[h * G * hd : (h + 1) * G * hd] = attention_ref(qh, sub_k, sub_v, G)

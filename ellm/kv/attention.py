@@ -13,15 +13,15 @@ MODES = ("sparse", "dense")
 
 @dataclass(frozen=True)
 class AttentionConfig:
-    """What a query reads (schedules/attention.py): the first `sinks` tokens, the blocks covering the
-    last `window` tokens, and the `topk` remote blocks with the largest score bounds; then, while the best
+    """What a query reads (schedules/attention.py): the blocks holding the first `sinks` tokens, the
+    blocks covering the last `window` tokens, and the `topk` remote blocks with the largest score bounds; then, while the best
     unread block's bound is within `margin` (in scaled-score units, i.e. nats of softmax weight) of the
     best score read, up to `widen` more blocks. Dense reads everything."""
 
     mode: str = "sparse"
     sinks: int = 4
     window: int = 512
-    topk: int = 23  # with 64-token blocks: 4 + 512..575 + 1,472 = about 2K tokens per query
+    topk: int = 22  # with 64-token blocks: 64 + 512..575 + 1,408 = about 2K tokens per query
     widen: int = 8
     margin: float = 0.0
 

@@ -164,32 +164,38 @@ def kv_plan_of(req: KernelRequest) -> tuple[KVPlan, KVType, KVType]:
 
 class _Shape:
     """Which blocks a query at position n_ctx - 1 reads, from the run-time config
-    attn = [sinks, window, topk, widen, margin] (topk < 0: dense)."""
+    attn = [sinks, window, topk, widen, margin] (topk < 0: dense). Items of its read list: the sink blocks
+    [0, sb) (the first `sinks` tokens rounded up to whole blocks), the selected blocks of the candidates
+    [sb, wb), the window blocks [wb, cur]. Dense, or too few candidates to choose from: sb = 0, wb = 0."""
 
     def __init__(self, kv: KVBuffers, attn, n_ctx):
         B = kv.block
         i64 = lambda x: I.Bind(tirx.Cast("int64", x))  # noqa: E731
+        zero = tirx.IntImm("int64", 0)
         self.n_ctx = n_ctx
-        self.sinks, self.topk, self.widen = i64(attn[0]), i64(attn[2]), i64(attn[3])
+        self.topk, self.widen = i64(attn[2]), i64(attn[3])
         self.margin = attn[4]
         window = I.Bind(tirx.max(i64(attn[1]), tirx.IntImm("int64", kv.plan.recent * B)))
         self.cur = I.Bind((n_ctx - 1) // B)  # the query's own block
         self.first_ring = self.cur - (kv.plan.recent - 1)
-        self.wb = I.Bind(tirx.max(n_ctx - window, tirx.IntImm("int64", 0)) // B)  # the window's first block
-        self.n_cand = self.wb  # remote blocks [0, wb) compete for the top-K
-        self.dense = I.Bind(tirx.Select(tirx.any(self.topk < 0, self.n_cand <= self.topk), 1, 0))
+        wb = I.Bind(tirx.max(n_ctx - window, zero) // B)  # the window's first block
+        sb = I.Bind(tirx.min((i64(attn[0]) + B - 1) // B, wb))
+        self.dense = I.Bind(_opaque(tirx.Select(tirx.any(self.topk < 0, wb - sb <= self.topk), 1, 0), "int32"))
+        self.sb = I.Bind(_opaque(tirx.Select(self.dense == 1, zero, sb)))
+        self.wb = I.Bind(_opaque(tirx.Select(self.dense == 1, zero, wb)))
+        self.n_cand = I.Bind(self.wb - self.sb)
 
 
 def _selection(kv, qy, G, kvh, kslot, sh: _Shape, bounds, bbase, sel, sbase, count):
     """Bounds of the candidate blocks, the top-K threshold, and sel[sbase : sbase + count] in index order."""
-    block_bounds(kv, qy.qs, G, kvh, kslot, sh.n_cand, bounds, bbase)
+    block_bounds(kv, qy.qs, G, kvh, kslot, sh.sb, sh.n_cand, bounds, bbase)
     thr = I.alloc_buffer((1,), "float32")
     with I.If(sh.topk > 0):
         with I.Then():
             I.buffer_store(thr, top_k_threshold(bounds, bbase, sh.n_cand, sh.topk), [0])
         with I.Else():
             I.buffer_store(thr, _f32(-NEG), [0])
-    collect_selected(bounds, bbase, sh.n_cand, thr[0], sh.topk, sel, sbase, count)
+    collect_selected(bounds, bbase, sh.sb, sh.n_cand, thr[0], sh.topk, sel, sbase, count)
     return thr
 
 
@@ -210,8 +216,8 @@ def _widen(kv, q, t, kvh, g, G, hd, scale, layer, kslot, vslot, sh: _Shape, boun
                 I.buffer_store(best, _f32(-1.0), [1])
                 with I.serial(0, sh.n_cand) as b:
                     u = bounds[bbase + b]
-                    bf = tirx.Cast("float32", b)
-                    selected = tirx.all(u >= thr[0], tirx.Cast("int64", last_sel) >= b)
+                    bf = tirx.Cast("float32", sh.sb + b)
+                    selected = tirx.all(u >= thr[0], tirx.Cast("int64", last_sel) >= sh.sb + b)
                     after_prev = tirx.any(u < prev[0], tirx.all(u == prev[0], bf > prev[1]))
                     with I.If(tirx.all(tirx.Not(selected), after_prev, u > best[0])):
                         with I.Then():
@@ -254,28 +260,20 @@ def build_attention(req: KernelRequest, chunk: int):
     return ib.get()
 
 
-def _item(sh: _Shape, i, has_sink, count, sel_at):
-    """(block, key limit) of item i of a query's read list: the sinks (block 0 up to `sinks` keys), the
-    selected blocks, the window blocks; dense: block i. Computed with statements into a small buffer:
+def _item(sh: _Shape, i, count, sel_at):
+    """Block of item i of a query's read list (see _Shape), computed with statements into a small buffer:
     nested selects in buffer indices make TVM's region analysis explode."""
-    bl = I.alloc_buffer((2,), "int64")
-    j = i - has_sink
-    I.buffer_store(bl, sh.n_ctx, [1])
-    with I.If(sh.dense == 1):
+    bl = I.alloc_buffer((1,), "int64")
+    with I.If(i < sh.sb):
         with I.Then():
             I.buffer_store(bl, i, [0])
         with I.Else():
-            with I.If(i < has_sink):
+            with I.If(i < sh.sb + count):
                 with I.Then():
-                    I.buffer_store(bl, tirx.IntImm("int64", 0), [0])
-                    I.buffer_store(bl, tirx.min(sh.sinks, sh.n_ctx), [1])
+                    I.buffer_store(bl, tirx.Cast("int64", sel_at(i - sh.sb)), [0])
                 with I.Else():
-                    with I.If(j < count):
-                        with I.Then():
-                            I.buffer_store(bl, tirx.Cast("int64", sel_at(j)), [0])
-                        with I.Else():
-                            I.buffer_store(bl, sh.wb + j - count, [0])
-    return bl[0], bl[1]
+                    I.buffer_store(bl, sh.wb + i - sh.sb - count, [0])
+    return bl[0]
 
 
 def _opaque(value, dtype: str = "int64"):
@@ -286,8 +284,8 @@ def _opaque(value, dtype: str = "int64"):
     return buf[0]
 
 
-def _n_items(sh: _Shape, has_sink, count):
-    return tirx.Select(sh.dense == 1, sh.cur + 1, has_sink + count + sh.cur + 1 - sh.wb)
+def _n_items(sh: _Shape, count):
+    return sh.sb + count + sh.cur + 1 - sh.wb
 
 
 def _prefill(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: int, scale: float, n) -> None:
@@ -313,12 +311,9 @@ def _prefill(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: i
                 t_ = _selection(kv, qy, G, kvh, kslot, sh, bounds, task * NBp, sel, sbase, count)
                 I.buffer_store(thr, t_[0], [0])
         cnt = I.Bind(tirx.Cast("int64", count[0]))
-        has0 = tirx.all(cnt > 0, sel[sbase] == 0)
-        has_sink = I.Bind(_opaque(tirx.Select(tirx.all(sh.dense == 0, sh.sinks > 0, tirx.Not(has0)), tirx.IntImm("int64", 1),
-                                              tirx.IntImm("int64", 0))))
-        with I.serial(0, I.Bind(_opaque(_n_items(sh, has_sink, cnt)))) as i:
-            b, limit = _item(sh, i, has_sink, cnt, lambda j: sel[sbase + j])
-            _attend(kv, qy, layer, kslot, vslot, kvh, I.Bind(b), I.Bind(limit), sh.first_ring, states)
+        with I.serial(0, I.Bind(_opaque(_n_items(sh, cnt)))) as i:
+            b = I.Bind(_item(sh, i, cnt, lambda j: sel[sbase + j]))
+            _attend(kv, qy, layer, kslot, vslot, kvh, b, sh.n_ctx, sh.first_ring, states)
         with I.If(sh.dense == 0):
             with I.Then():
                 last = tirx.Select(cnt > 0, sel[sbase + tirx.max(cnt - 1, 0)], -1)
@@ -369,11 +364,11 @@ def _decode(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: in
                 I.buffer_store(lasts, tirx.Select(count[0] > 0, sel[kvh * kv.nb + tirx.max(count[0] - 1, 0)], -1), [kvh])
                 I.buffer_store(n_list, count[0], [kvh])
     # items: dense, blocks 0 .. cur; sparse, per KV head: the sinks, the selected blocks, the window
-    n_items = I.Bind(tirx.Select(sh.dense == 1, sh.cur + 1, 1 + sh.topk + sh.cur + 1 - sh.wb))
+    n_items = I.Bind(_n_items(sh, tirx.Select(sh.dense == 1, tirx.IntImm("int64", 0), sh.topk)))
     n_chunks = I.Bind((n_items + bpc - 1) // bpc)
-    # sized from NB alone (the list never exceeds NB + 2 blocks): TVM's storage rewrite hoists allocations
+    # sized from NB alone (the list never exceeds NB blocks): TVM's storage rewrite hoists allocations
     # to the top of the function, above any value computed at run time
-    max_chunks = (kv.nb + 2 + bpc - 1) // bpc
+    max_chunks = (kv.nb + bpc - 1) // bpc
     part_st = I.alloc_buffer((Hkv * max_chunks * G * 2,), "float32")
     part_acc = I.alloc_buffer((Hkv * max_chunks * G * hd,), "float32")
     with I.parallel(0, Hkv * n_chunks) as task:
@@ -382,13 +377,10 @@ def _decode(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: in
         qy = _Query(q, 0, kvh * G, G, hd, scale)
         states = [_State(hd) for _ in range(G)]
         cnt = I.Bind(_opaque(tirx.Select(sh.dense == 1, tirx.IntImm("int64", 0), tirx.Cast("int64", n_list[kvh]))))
-        has0 = tirx.all(cnt > 0, sel[kvh * kv.nb] == 0)
-        has_sink = I.Bind(_opaque(tirx.Select(tirx.all(sh.dense == 0, sh.sinks > 0, tirx.Not(has0)), tirx.IntImm("int64", 1),
-                                              tirx.IntImm("int64", 0))))
-        end = I.Bind(_opaque(_n_items(sh, has_sink, cnt)))
+        end = I.Bind(_opaque(_n_items(sh, cnt)))
         with I.serial(c * bpc, tirx.min(c * bpc + bpc, end)) as i:
-            b, limit = _item(sh, i, has_sink, cnt, lambda j: sel[kvh * kv.nb + j])
-            _attend(kv, qy, layer, kslot, vslot, kvh, I.Bind(b), I.Bind(limit), sh.first_ring, states)
+            b = I.Bind(_item(sh, i, cnt, lambda j: sel[kvh * kv.nb + j]))
+            _attend(kv, qy, layer, kslot, vslot, kvh, b, sh.n_ctx, sh.first_ring, states)
         for g, st in enumerate(states):
             I.buffer_store(part_st, st.m[0], [(task * G + g) * 2])
             I.buffer_store(part_st, st.l[0], [(task * G + g) * 2 + 1])

@@ -32,11 +32,12 @@ def _f32(v):
     return tirx.const(v, "float32")
 
 
-def block_bounds(kv: KVBuffers, qs, G: int, kvh, kslot, n_cand, out, base) -> None:
-    """out[base + b] = the score bound of block b (< n_cand) for the query heads in qs[g * hd + d]."""
+def block_bounds(kv: KVBuffers, qs, G: int, kvh, kslot, first, n_cand, out, base) -> None:
+    """out[base + i] = the score bound of block first + i (i < n_cand) for the query heads in qs[g * hd + d]."""
     hd = kv.plan.head_dim
     kt = kv.kt
-    with I.serial(0, n_cand) as b:
+    with I.serial(0, n_cand) as i:
+        b = first + i
         best = None
         for g in range(G):
             acc = _bc(_f32(0.0))
@@ -50,7 +51,7 @@ def block_bounds(kv: KVBuffers, qs, G: int, kvh, kslot, n_cand, out, base) -> No
                     acc = acc + q * a + tirx.max(q * z, _bc(_f32(0.0))) * _bc(_f32(float(kt.qmax)))
             bound = hsum(acc)
             best = bound if best is None else tirx.max(best, bound)
-        I.buffer_store(out, best, [base + b])
+        I.buffer_store(out, best, [base + i])
 
 
 def _count_at_least(bounds, base, n, thr):
@@ -90,13 +91,14 @@ def top_k_threshold(bounds, base, n, k):
     return lim[0]
 
 
-def collect_selected(bounds, base, n, thr, k, sel, sel_base, count) -> None:
-    """sel[sel_base + i] = the first k blocks (in order) whose bound >= thr; count[0] = how many."""
+def collect_selected(bounds, base, first, n, thr, k, sel, sel_base, count) -> None:
+    """sel[sel_base + j] = the first k blocks first + i (in order) whose bound bounds[base + i] >= thr;
+    count[0] = how many."""
     I.buffer_store(count, tirx.const(0, "int32"), [0])
-    with I.serial(0, n) as b:
-        with I.If(tirx.all(bounds[base + b] >= thr, count[0] < k)):
+    with I.serial(0, n) as i:
+        with I.If(tirx.all(bounds[base + i] >= thr, count[0] < k)):
             with I.Then():
-                I.buffer_store(sel, tirx.Cast("int32", b), [sel_base + count[0]])
+                I.buffer_store(sel, tirx.Cast("int32", first + i), [sel_base + count[0]])
                 I.buffer_store(count, count[0] + 1, [0])
 
 
