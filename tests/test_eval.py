@@ -88,7 +88,8 @@ def test_eval_ppl_cli_against_dense(artifact, tmp_path):
                         "--json"], capture_output=True, text=True, timeout=900, env=env)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
-    assert out["tokens"] == 599 and "float16" in out["reference_config"] and "float32" in out["config"]
+    assert out["tokens"] == 599 and "K f16, V f16" in out["reference_config"] and "K f32, V f32" in out["config"]
+    assert out["reference_config"].startswith("attention dense")
     assert 0 < out["kl_mean"] < 1e-3  # float16 rounding of K/V barely moves the distributions
     assert abs(out["ppl"] / out["ref_ppl"] - 1) < 0.01
 

@@ -11,7 +11,7 @@ from ellm.eval.ppl import perplexity
 from ellm.eval.texts import opticks
 
 
-@pytest.fixture(scope="module", params=["q8_0", "q4_0"])
+@pytest.fixture(scope="module", params=["q8_0", "q4_0", "auto"])
 def quant_engine(request, tmp_path_factory, model_path):
     import ellm
     from ellm.compiler.build import CompileOptions, compile_model
@@ -27,7 +27,7 @@ def opticks_ids(engine):
 
 
 # measured at 2,047 tokens of Opticks: q8 KL 2e-5, perplexity -0.02%; q4 KL 0.0055, +0.11%
-BOUNDS = {"q8_0": (2e-4, 0.003, 0.98), "q4_0": (0.02, 0.01, 0.93)}  # mean KL, |ppl ratio - 1|, top-1 agreement
+BOUNDS = {"q8_0": (2e-4, 0.003, 0.98), "q4_0": (0.02, 0.01, 0.93), "auto": (0.02, 0.01, 0.93)}  # mean KL, |ppl ratio - 1|, top-1
 
 
 def test_quality_against_float16_cache(quant_engine, engine, opticks_ids):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import EllmError
+from ..kv.attention import AttentionConfig
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class BenchConfig:
     rounds: int = 2
     threads: int = os.cpu_count() or 1
     vs_llama_cpp: bool = False
+    attention: AttentionConfig = AttentionConfig()
+    rope_scaling: tuple[str, float] | None = None  # (kind, factor), for contexts past the trained one
 
 
 def ensure_llama_cpp(log: Callable[[str], None]) -> None:
@@ -53,24 +56,32 @@ def _worker(system: str, cfg: BenchConfig, ctx: int) -> dict:
     if system != "bandwidth":
         cmd += ["--model", str(cfg.model), "--ctx", str(ctx), "--gen", str(cfg.gen), "--warmup", str(cfg.warmup),
                 "--repeat", str(cfg.repeat)]
+    if system != "bandwidth" and cfg.rope_scaling is not None:
+        cmd += ["--rope-scaling", cfg.rope_scaling[0], "--rope-scale", repr(cfg.rope_scaling[1])]
     if system == "ellm":
-        cmd += ["--artifact", str(cfg.artifact)]
+        from ..cli import attention_argv
+
+        cmd += ["--artifact", str(cfg.artifact), *attention_argv(cfg.attention)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise EllmError(f"{system} benchmark at context {ctx} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
     return json.loads(proc.stdout)
 
 
-def decode_bytes_per_token(manifest: dict, ctx: int, gen: int, kv_bytes_per_token: float | None = None) -> int:
-    """Weights read by one decode step plus the KV cache it attends over (mean context of the timed steps).
-
-    `kv_bytes_per_token`: the cache's bytes per token (default: the artifact's plan)."""
+def decode_bytes_per_token(manifest: dict, ctx: int, gen: int, attention: AttentionConfig | None = None) -> int:
+    """Weights read by one decode step plus the KV it attends over, at the mean context of the timed steps:
+    with `attention`, the keys and values the artifact's plan stores for the blocks it reads and the key
+    summaries it ranks; without, llama.cpp's F16 cache over the whole context."""
     from ..kv.plan import KVPlan
 
     weights = manifest["decode_weight_bytes"]
-    if kv_bytes_per_token is None:
-        kv_bytes_per_token = KVPlan.from_dict(manifest["kv_cache"]).bytes_per_token()
-    return int(weights + kv_bytes_per_token * (ctx + gen / 2))
+    n_ctx = int(ctx + gen / 2)
+    if attention is None:
+        return int(weights + f16_kv_bytes_per_token(manifest) * n_ctx)
+    plan = KVPlan.from_dict(manifest["kv_cache"])
+    keys, candidates = attention.blocks_read(n_ctx, plan.block, plan.recent)
+    summary = 2 * plan.head_dim * 2 * plan.n_kv_heads * plan.n_layers  # (min, scale) or (min, max), f16
+    return int(weights + plan.bytes_per_token() * keys + summary * candidates)
 
 
 def f16_kv_bytes_per_token(manifest: dict) -> int:
@@ -89,8 +100,8 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> 
     rows = []
     for ctx in cfg.ctxs:
         # what each system's decode step must read: eLLM's cache per its plan, llama.cpp's in F16
-        nbytes_of = {"ellm": decode_bytes_per_token(manifest, ctx, cfg.gen),
-                     "llama.cpp": decode_bytes_per_token(manifest, ctx, cfg.gen, f16_kv_bytes_per_token(manifest))}
+        nbytes_of = {"ellm": decode_bytes_per_token(manifest, ctx, cfg.gen, cfg.attention),
+                     "llama.cpp": decode_bytes_per_token(manifest, ctx, cfg.gen)}
         runs: dict[str, list[dict]] = {s: [] for s in systems}
         for r in range(cfg.rounds):
             for s in systems:  # alternate A, B, A, B: both see the same drift of a shared machine

@@ -18,7 +18,7 @@ from ..targets import TargetPreset, compute_features, resolve_target
 from .artifact import write_manifest, write_weights
 from .gguf_file import GGUFFile
 from .graph import Graph
-from ..kv.plan import KV_TYPE_NAMES, KVPlan
+from ..kv.plan import KVPlan, parse_kv_type
 from .import_llama import import_llama
 from .inspect import decode_weight_bytes
 from .lower import ENTRIES, lower
@@ -30,8 +30,8 @@ from .pipeline import REQUIRED, enabled_passes, pass_names, run_pipeline
 @dataclass(frozen=True)
 class CompileOptions:
     target: str = "auto"  # a preset name or "auto"
-    cache_type_k: str = "f16"  # f32 | f16 | q8_0 | q4_0 (kv/plan.py KV_TYPE_NAMES)
-    cache_type_v: str = "f16"
+    cache_type_k: str = "auto"  # f32 | f16 | q8_0 | q4_0 | auto (kv/plan.py KV_TYPE_CHOICES; auto: KVPlan.auto)
+    cache_type_v: str = "auto"
     kv_block: int = 64  # tokens per KV block
     kv_recent: int = 2  # blocks a query reads at float16 (the current one included) before the store's precision
     disable_passes: tuple[str, ...] = ()
@@ -47,8 +47,7 @@ class CompileOptions:
         if not 1 <= self.max_chunk <= 65536:
             raise EllmError(f"max_chunk must be between 1 and 65536, got {self.max_chunk}")
         for t in (self.cache_type_k, self.cache_type_v):
-            if t not in KV_TYPE_NAMES:
-                raise EllmError(f"unsupported KV cache type {t!r} (supported: {', '.join(KV_TYPE_NAMES)})")
+            parse_kv_type(t)
         if REQUIRED & set(self.disable_passes):
             raise EllmError(f"pass(es) {sorted(REQUIRED & set(self.disable_passes))} cannot be disabled")
         unknown = (set(self.disable_passes) | set(self.enable_passes)) - set(pass_names())
@@ -71,7 +70,7 @@ def pass_context(options: CompileOptions, preset: TargetPreset) -> PassContext:
         activations = "int16" if preset.vnni else "f32"
     elif activations != "f32" and not preset.vnni:
         raise EllmError(f"{activations} activations need AVX-512 VNNI, which target {preset.name} lacks")
-    kv = KVOptions(KV_TYPE_NAMES[options.cache_type_k], KV_TYPE_NAMES[options.cache_type_v], options.kv_block,
+    kv = KVOptions(parse_kv_type(options.cache_type_k), parse_kv_type(options.cache_type_v), options.kv_block,
                    options.kv_recent, options.max_chunk)
     return PassContext(preset, activations, kv)
 

@@ -47,18 +47,18 @@ def decode_weight_bytes(g: Graph) -> int:
     return total + sum(4 * v.size for v in g.vector_params())
 
 
-def inspect_model(model, cache_type_k: str = "f16", cache_type_v: str = "f16", as_json: bool = False) -> str:
-    from ..kv.plan import KV_TYPE_NAMES, KVPlan
+def inspect_model(model, cache_type_k: str = "auto", cache_type_v: str = "auto", as_json: bool = False) -> str:
+    from ..kv.plan import KVPlan, parse_kv_type
     from .pass_context import KVOptions
 
     path = resolve_model(model)
     gf = GGUFFile(path)
     cfg = ModelConfig.from_gguf(gf)
     g0 = import_llama(gf, cfg)
-    kv_opts = KVOptions(KV_TYPE_NAMES[cache_type_k], KV_TYPE_NAMES[cache_type_v])
+    kv_opts = KVOptions(parse_kv_type(cache_type_k), parse_kv_type(cache_type_v))
     g = run_pipeline(g0, PassContext(resolve_target("auto"), kv=kv_opts))
     plan = KVPlan.from_key(g.op("kv_cache").attr("kv_plan"))
-    kv_desc = f"K {cache_type_k}, V {cache_type_v}, blocks of {plan.block}"
+    kv_desc = f"{plan.describe()}, blocks of {plan.block}"
     info = {
         "model": path.name,
         "config": cfg.to_dict(),

@@ -14,8 +14,8 @@ ACTIVATIONS = ("int8", "int16", "f32")
 class KVOptions:
     """What the KV-cache planning pass chooses from: K and V types, block size, recent tier, chunk bound."""
 
-    k: KVType = KVType.F16
-    v: KVType = KVType.F16
+    k: KVType | None = None  # None: auto (KVPlan.auto chooses per layer)
+    v: KVType | None = None
     block: int = 64  # tokens per block
     recent: int = 2  # blocks (the current one included) a query reads from the float16 ring
     max_chunk: int = 256  # the most tokens one step writes (sizes the ring)

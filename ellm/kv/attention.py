@@ -40,6 +40,17 @@ class AttentionConfig:
         topk = -1 if self.mode == "dense" else self.topk
         return np.array([self.sinks, self.window, topk, self.widen, self.margin], np.float32)
 
+    def blocks_read(self, n_ctx: int, block: int, recent: int) -> tuple[int, int]:
+        """(keys read, candidate blocks whose bounds are computed) by a query at position n_ctx - 1, as
+        schedules/attention.py's _Shape chooses them (before any widening)."""
+        if self.mode == "dense":
+            return n_ctx, 0
+        wb = max(n_ctx - max(self.window, recent * block), 0) // block
+        sb = min(-(-self.sinks // block), wb)
+        if wb - sb <= self.topk:
+            return n_ctx, 0
+        return (sb + self.topk) * block + n_ctx - wb * block, wb - sb
+
     def describe(self) -> str:
         if self.mode == "dense":
             return "attention dense"

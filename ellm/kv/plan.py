@@ -49,6 +49,20 @@ class KVType(str, enum.Enum):
 
 # --cache-type-k / --cache-type-v spellings (llama.cpp's names map to eLLM's classes; q4 carries a min, like q4_1)
 KV_TYPE_NAMES = {"f32": KVType.F32, "f16": KVType.F16, "q8_0": KVType.Q8, "q8": KVType.Q8, "q4_0": KVType.Q4, "q4": KVType.Q4}
+AUTO = "auto"  # the per-layer plan of KVPlan.auto
+KV_TYPE_CHOICES = (*KV_TYPE_NAMES, AUTO)
+# auto: the stores may take this share of a plain float16 cache (K and V, every layer); the ring and the
+# f16 summaries come on top (about 1.5% at 32K tokens), so the whole cache stays under 35% of float16
+AUTO_BUDGET = 0.30
+
+
+def parse_kv_type(name: str) -> KVType | None:
+    """A --cache-type-k/v value: its KVType, or None for auto."""
+    if name == AUTO:
+        return None
+    if name not in KV_TYPE_NAMES:
+        raise EllmError(f"unsupported KV cache type {name!r} (supported: {', '.join(KV_TYPE_CHOICES)})")
+    return KV_TYPE_NAMES[name]
 
 
 @dataclass(frozen=True)
@@ -88,6 +102,31 @@ class KVPlan:
                 block: int = 64, recent: int = 2) -> KVPlan:
         ring = recent + -(-max_chunk // block) + 1
         return cls(n_kv_heads, head_dim, (k,) * n_layers, (v,) * n_layers, block, recent, ring)
+
+    @classmethod
+    def auto(cls, n_layers: int, n_kv_heads: int, head_dim: int, max_chunk: int, k: KVType | None = None,
+             v: KVType | None = None, block: int = 64, recent: int = 2, budget: float = AUTO_BUDGET) -> KVPlan:
+        """Per-layer precision within `budget` of a float16 cache: the auto sides (k or v None) start at q4
+        everywhere, then keys of the first layers, then values of the first layers, are raised to q8 while
+        the stores fit. Early layers first: every later layer reads their output, so their rounding errors
+        compound the most (the measured effect on SmolLM2 is in the README's KV table)."""
+        base = cls.uniform(n_layers, n_kv_heads, head_dim, k or KVType.Q4, v or KVType.Q4, max_chunk, block, recent)
+        limit = budget * 2 * 2 * n_layers * n_kv_heads * head_dim
+        if base.bytes_per_token() > limit:
+            return base
+        plan = base
+        for kind in ("k", "v"):
+            if (k if kind == "k" else v) is not None:
+                continue
+            for layer in range(n_layers):
+                types = list(getattr(plan, kind))
+                types[layer] = KVType.Q8
+                trial = cls(n_kv_heads, head_dim, **{"k": plan.k, "v": plan.v, kind: tuple(types)},
+                            block=block, recent=recent, ring=plan.ring)
+                if trial.bytes_per_token() > limit:
+                    return plan
+                plan = trial
+        return plan
 
     # --- classes and slots ------------------------------------------------------------------
     @property
@@ -154,6 +193,22 @@ class KVPlan:
         """Store bytes per token (the ring is a fixed overhead), over all layers, K and V."""
         per_block = self.nbytes(self.block * 1024) - self.nbytes(0)
         return per_block / (self.block * 1024)
+
+    def describe(self) -> str:
+        """E.g. "K q8 (layers 0-3) q4 (4-29), V q4": each type and the layers that use it."""
+
+        def side(types) -> str:
+            runs: list[list] = []  # [type, first, last]
+            for i, t in enumerate(types):
+                if runs and runs[-1][0] is t and runs[-1][2] == i - 1:
+                    runs[-1][2] = i
+                else:
+                    runs.append([t, i, i])
+            if len(runs) == 1:
+                return runs[0][0].value
+            return " ".join(f"{t.value} ({a}-{b})" if a != b else f"{t.value} ({a})" for t, a, b in runs)
+
+        return f"K {side(self.k)}, V {side(self.v)}"
 
     # --- manifest -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

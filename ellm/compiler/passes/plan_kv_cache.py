@@ -14,7 +14,10 @@ def plan_kv_cache(g: Graph, ctx: PassContext) -> Graph:
     g = g.copy()
     L, Hkv, _, hd = g.op("kv_cache").out.shape
     kv = ctx.kv
-    plan = KVPlan.uniform(int(L), int(Hkv), int(hd), kv.k, kv.v, kv.max_chunk, kv.block, kv.recent)
+    if kv.k is None or kv.v is None:
+        plan = KVPlan.auto(int(L), int(Hkv), int(hd), kv.max_chunk, kv.k, kv.v, kv.block, kv.recent)
+    else:
+        plan = KVPlan.uniform(int(L), int(Hkv), int(hd), kv.k, kv.v, kv.max_chunk, kv.block, kv.recent)
     key = plan.key()
     g.set_op("kv_cache", g.op("kv_cache").with_attrs(kv_plan=key))
     for name in g.names():
