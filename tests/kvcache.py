@@ -30,13 +30,18 @@ def layer_args(plan: KVPlan, layer: int, state: list) -> list:
     return [state[names.index(n)] for n in want]
 
 
-def quantise_ref(x: np.ndarray, t: KVType) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rows of x [rows, cols] -> (dequantised, min, scale) per row, asymmetric, params in float16."""
+def quantise_codes(x: np.ndarray, t: KVType) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of x [rows, cols] -> (codes, min, scale) per row, asymmetric, params in float16."""
     x = x.astype(np.float32)
     mn = x.min(axis=1).astype(np.float16).astype(np.float32)
     sc = ((x.max(axis=1) - mn) / t.qmax).astype(np.float16).astype(np.float32)
     inv = np.where(sc > 0, 1.0 / np.where(sc > 0, sc, 1), 0.0).astype(np.float32)
-    codes = np.clip(np.floor((x - mn[:, None]) * inv[:, None] + 0.5), 0, t.qmax)
+    return np.clip(np.floor((x - mn[:, None]) * inv[:, None] + 0.5), 0, t.qmax), mn, sc
+
+
+def quantise_ref(x: np.ndarray, t: KVType) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of x [rows, cols] -> (dequantised, min, scale) per row, asymmetric, params in float16."""
+    codes, mn, sc = quantise_codes(x, t)
     return (mn[:, None] + sc[:, None] * codes).astype(np.float32), mn, sc
 
 
@@ -141,28 +146,67 @@ def block_bounds_ref(plan: KVPlan, layer: int, ks: np.ndarray, q: np.ndarray, h:
 
 
 def sparse_ref(plan: KVPlan, layer: int, k: np.ndarray, v: np.ndarray, q: np.ndarray, t: int, H: int,
-               sinks: int, window: int, topk: int) -> np.ndarray:
+               sinks: int, window: int, topk: int, int_scores: bool) -> np.ndarray:
     """Block-sparse attention of one query at position t (no widening): sink blocks, the block-aligned window,
     and the top-K remote blocks by bound, each KV head choosing for its G query heads."""
-    B, hd = plan.block, plan.head_dim
+    B = plan.block
     Hkv = k.shape[0]
-    G = H // Hkv
-    ks, vs = visible(plan, layer, k, v, t)
     rd = np.float32 if plan.ring_dtype == "float32" else np.float16
     raw = k[:, : t + 1].astype(rd).astype(np.float64)
     n_ctx = t + 1
     wb = max(n_ctx - max(window, plan.recent * B), 0) // B
     sb = min(-(-sinks // B), wb)  # sink blocks: the first `sinks` tokens rounded up to whole blocks
-    out = np.zeros(H * hd)
+    keys = []
     for h in range(Hkv):
         if wb - sb <= topk:
-            keys = np.arange(n_ctx)
-        else:
-            bounds = block_bounds_ref(plan, layer, raw, q, h, wb, H)[sb:]
-            chosen = sorted(sb + np.argsort(-bounds, kind="stable")[:topk])
-            keys = np.concatenate([np.arange(sb * B)] + [np.arange(b * B, (b + 1) * B) for b in chosen]
-                                  + [np.arange(wb * B, n_ctx)])
-        sub_k, sub_v = ks[h : h + 1, keys], vs[h : h + 1, keys]
-        qh = q[h * G * hd : (h + 1) * G * hd]
-        out[h * G * hd : (h + 1) * G * hd] = attention_ref(qh, sub_k, sub_v, G)
+            keys.append(np.arange(n_ctx))
+            continue
+        bounds = block_bounds_ref(plan, layer, raw, q, h, wb, H)[sb:]
+        chosen = sorted(sb + np.argsort(-bounds, kind="stable")[:topk])
+        keys.append(np.concatenate([np.arange(sb * B)] + [np.arange(b * B, (b + 1) * B) for b in chosen]
+                                   + [np.arange(wb * B, n_ctx)]))
+    return attend_ref(plan, layer, k, v, q, t, H, int_scores, keys)
+
+
+def scores_ref(plan: KVPlan, layer: int, k: np.ndarray, q: np.ndarray, t: int, H: int, int_scores: bool) -> np.ndarray:
+    """[H, t + 1] scaled scores of query q [H * hd] at position t, as the kernels compute them. With
+    `int_scores`, keys of quantised store blocks score as kc + qf * sum_d q16_d code_d: q * scale rounded
+    to 16 bits per head and block (qf = max |q * scale| / (127 * 256)), the sum exact."""
+    B, hd = plan.block, plan.head_dim
+    Hkv = k.shape[0]
+    G = H // Hkv
+    ks, _ = visible(plan, layer, k, k, t)
+    qs = (q.astype(np.float32) * np.float32(1.0 / np.sqrt(hd))).reshape(H, hd)
+    s = np.stack([ks[h // G] @ qs[h].astype(np.float64) for h in range(H)])
+    kt = plan.k[layer]
+    if not int_scores or kt.is_float:
+        return s
+    rd = np.float32 if plan.ring_dtype == "float32" else np.float16
+    for b in range(max(0, t // B - plan.recent + 1)):  # blocks read from the store
+        raw = k[:, b * B : (b + 1) * B].astype(rd).astype(np.float32)  # [Hkv, B, hd]
+        for h in range(H):
+            codes, mn, sc = quantise_codes(raw[h // G].T, kt)  # [hd, B], [hd], [hd]
+            qk = qs[h] * sc  # float32, as the kernel folds the scales into the query
+            amax = np.abs(qk).max()
+            q16 = np.float32(127 * 256)
+            inv = q16 / amax if amax > 0 else np.float32(0.0)
+            qi = np.floor(qk * inv + np.float32(0.5))
+            kc = (qs[h].astype(np.float64) * mn).sum()
+            s[h, b * B : (b + 1) * B] = kc + np.float64(amax / q16) * (qi.astype(np.float64) @ codes)
+    return s
+
+
+def attend_ref(plan: KVPlan, layer: int, k: np.ndarray, v: np.ndarray, q: np.ndarray, t: int, H: int,
+               int_scores: bool, keys: list | None = None) -> np.ndarray:
+    """One query [H * hd] at position t over the keys in keys[kv head] (default: all t + 1): float64
+    softmax of scores_ref over the visible values."""
+    hd = plan.head_dim
+    G = H // k.shape[0]
+    _, vs = visible(plan, layer, k, v, t)
+    s = scores_ref(plan, layer, k, q, t, H, int_scores)
+    out = np.zeros(H * hd)
+    for h in range(H):
+        idx = np.arange(t + 1) if keys is None else keys[h // G]
+        p = np.exp(s[h, idx] - s[h, idx].max())
+        out[h * hd : (h + 1) * hd] = (p / p.sum()) @ vs[h // G][idx]
     return out

@@ -11,11 +11,15 @@ from ellm.errors import EllmError
 from ellm.kv.plan import KVPlan, KVType
 from ellm.schedules import KernelRequest
 from kernels import build, build_request
-from kvcache import attention_ref, cache_attrs, empty_state, layer_args, quantise_ref, sparse_ref, stored_block, visible
+from kernels import PRESET
+from kvcache import attend_ref, cache_attrs, empty_state, layer_args, quantise_ref, sparse_ref, stored_block
+
+from ellm.schedules.attention import int_scores_for
 
 from ellm.kv.attention import AttentionConfig
 
 DENSE = AttentionConfig.dense().as_array()
+INT = int_scores_for(PRESET)  # quantised key blocks scored with vpdpbusd, the query rounded to int8
 
 F32, F16, Q8, Q4 = KVType.F32, KVType.F16, KVType.Q8, KVType.Q4
 
@@ -87,8 +91,8 @@ def test_append_age_and_attend(kt, vt):
         out = tvm.runtime.tensor(np.zeros((n, H * hd), np.float32))
         (f_dec if n == 1 else f_pre)(tvm.runtime.tensor(q), *args, tvm.runtime.tensor(DENSE), pos, layer, kslot, vslot, out)
         for i in range(n):
-            ks, vs = visible(plan, layer, k_all, v_all, pos + i)
-            worst = max(worst, np.abs(out.numpy()[i] - attention_ref(q[i], ks, vs, H)).max())
+            want = attend_ref(plan, layer, k_all, v_all, q[i], pos + i, H, INT)
+            worst = max(worst, np.abs(out.numpy()[i] - want).max())
         pos += n
     assert worst < 2e-4, worst
     # every completed block sits in the store exactly as the model quantises it
@@ -130,8 +134,7 @@ def test_long_context_decode(kt, vt, chunk):
     q = rng.standard_normal((1, H * hd)).astype(np.float32)
     out = tvm.runtime.tensor(np.zeros((1, H * hd), np.float32))
     f_dec(tvm.runtime.tensor(q), *args, tvm.runtime.tensor(DENSE), ctx - 1, layer, 0, 0, out)
-    ks, vs = visible(plan, layer, k_all, v_all, ctx - 1)
-    assert np.abs(out.numpy()[0] - attention_ref(q[0], ks, vs, H)).max() < 2e-4
+    assert np.abs(out.numpy()[0] - attend_ref(plan, layer, k_all, v_all, q[0], ctx - 1, H, INT)).max() < 2e-4
 
 
 def _filled(plan, layer, ctx, seed, step=100):
@@ -179,12 +182,12 @@ def test_sparse_attention_reads_sinks_window_and_top_k(kt, vt):
         out = tvm.runtime.tensor(np.zeros((n, H * 64), np.float32))
         f_pre(tvm.runtime.tensor(q), *args, cfg, pos, 0, *slots, out)
         for i in range(0, n, 7):
-            ref = sparse_ref(plan, 0, k, v, q[i], pos + i, H, sinks, window, topk)
+            ref = sparse_ref(plan, 0, k, v, q[i], pos + i, H, sinks, window, topk, INT)
             worst = max(worst, np.abs(out.numpy()[i] - ref).max())
     q = rng.standard_normal((1, H * 64)).astype(np.float32)
     out = tvm.runtime.tensor(np.zeros((1, H * 64), np.float32))
     f_dec(tvm.runtime.tensor(q), *args, cfg, ctx - 1, 0, *slots, out)
-    worst = max(worst, np.abs(out.numpy()[0] - sparse_ref(plan, 0, k, v, q[0], ctx - 1, H, sinks, window, topk)).max())
+    worst = max(worst, np.abs(out.numpy()[0] - sparse_ref(plan, 0, k, v, q[0], ctx - 1, H, sinks, window, topk, INT)).max())
     assert worst < 2e-4, worst
 
 
@@ -226,4 +229,5 @@ def test_prefill_equals_decode_token_by_token():
     one = tvm.runtime.tensor(np.zeros((1, H * 64), np.float32))
     for i in range(0, 100, 9):
         f_dec(tvm.runtime.tensor(q[i : i + 1]), *args, cfg, pos + i, 0, *slots, one)
-        assert np.abs(one.numpy()[0] - out.numpy()[i]).max() < 1e-5
+        # the same blocks and arithmetic; only the summation order differs (split-K partials, then a merge)
+        assert np.abs(one.numpy()[0] - out.numpy()[i]).max() < 5e-5

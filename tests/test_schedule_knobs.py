@@ -76,3 +76,13 @@ def test_unknown_knob_is_rejected():
     rule = select_rule(REQUESTS["gemv"], PRESET)
     with pytest.raises(ValueError, match="no knob"):
         rule.resolve_knobs(REQUESTS["gemv"], PRESET, {"tile_q": 3})
+
+
+def test_quantised_keys_score_with_vpdpbusd():
+    """Decode attention over q8 keys: the 16 scores of a tile come from vpdpbusd (twice: the int8 halves of
+    the 16-bit query) on key codes transposed by vpermb (4 channels of a key per 32-bit lane); with the knob
+    off, from float FMAs only."""
+    rule = select_rule(REQUESTS["attention_decode"], PRESET)
+    asm = _asm(rule, {})
+    assert "vpdpbusd" in asm and "vpermb" in asm
+    assert "vpdpbusd" not in _asm(rule, {"int_scores": 0})

@@ -22,10 +22,11 @@ from tvm.tirx.script.builder import ir as I
 from ..compiler.graph import OpKind
 from ..kv.plan import KVPlan, KVType
 from ..targets import TargetPreset
-from .kv_blocks import F32, L, KVBuffers, k_codes_f32, v_codes_f32
+from .kv_blocks import F32, L, KVBuffers, k_codes_f32, k_codes_group_u8, v_codes_f32
 from .rule import KernelRequest, Knob, Rule
 from .sparse_select import block_bounds, collect_selected, top_k_threshold
 from .vecmath import exp_f32, hmax, hsum
+from .vnni import vpdpbusd
 
 NEG = -3.0e38
 
@@ -49,24 +50,39 @@ class _State:
     def __init__(self, hd: int):
         self.m = I.alloc_buffer((1,), "float32")  # running max
         self.l = I.alloc_buffer((1,), "float32")  # running sum
-        self.acc = I.alloc_buffer((hd,), "float32")  # sum_j p_j v_j
+        self.acc = I.alloc_buffer((hd,), "float32")  # sum_j p_j v_j, less the quantised values' mins
+        self.mv = I.alloc_buffer((1,), "float32")  # sum_j p_j min_j of quantised values (every channel)
         self.s = I.alloc_buffer((L,), "float32")  # scores of the current 16 keys
         self.p = I.alloc_buffer((L,), "float32")  # their probabilities
+        self.hd = hd
         I.buffer_store(self.m, _f32(NEG), [0])
         I.buffer_store(self.l, _f32(0.0), [0])
+        I.buffer_store(self.mv, _f32(0.0), [0])
         for c in range(hd // L):
             I.buffer_store(self.acc, _bc(_f32(0.0)), [_ramp(c * L)])
+
+    def fold(self) -> None:
+        """acc += the value mins' share (kept as one scalar per key instead of hd/16 vector adds)."""
+        for c in range(self.hd // L):
+            I.buffer_store(self.acc, self.acc[_ramp(c * L)] + _bc(self.mv[0]), [_ramp(c * L)])
+        I.buffer_store(self.mv, _f32(0.0), [0])
 
 
 class _Query:
     """Query heads head0 .. head0+G-1 of token t, scaled by 1/sqrt(hd): qs[g * hd + d]; qk holds q times the
     key scales of the current block (quantised K) and kc[g] = sum_d q_d min_d."""
 
-    def __init__(self, q, t, head0, G: int, hd: int, scale: float):
+    def __init__(self, q, t, head0, G: int, hd: int, scale: float, int_scores: bool = False):
         self.G, self.hd = G, hd
         self.qs = I.alloc_buffer((G * hd,), "float32")
         self.qk = I.alloc_buffer((G * hd,), "float32")
         self.kc = I.alloc_buffer((G,), "float32")
+        if int_scores:  # qk rounded to 16 bits per head and block, qk ~ qf[g] * (256 qhi + qlo), int8 halves
+            self.qhi = I.alloc_buffer((G * hd,), "int8")
+            self.qlo = I.alloc_buffer((G * hd,), "int8")
+            self.qf = I.alloc_buffer((G,), "float32")
+            self.shi = I.alloc_buffer((G * L,), "int32")  # integer scores of 16 keys: high and low halves
+            self.slo = I.alloc_buffer((G * L,), "int32")
         for g in range(G):
             for c in range(hd // L):
                 I.buffer_store(self.qs, q[t, _ramp((head0 + g) * hd + c * L)] * _bc(_f32(scale)), [_ramp(g * hd + c * L)])
@@ -88,6 +104,9 @@ def _attend_block(kv: KVBuffers, qy: _Query, layer, kslot, vslot, kvh, b, limit,
                 I.buffer_store(qy.qk, qv * sc, [_ramp(g * hd + c * L)])
                 acc = acc + qv * mn
             I.buffer_store(qy.kc, hsum(acc), [g])
+    int_scores = kv.int_scores and not ring
+    if int_scores:
+        _quantise_query(qy)
     qk = qy.qs if kt.is_float else qy.qk
 
     def key_vec(d, sub):
@@ -98,12 +117,27 @@ def _attend_block(kv: KVBuffers, qy: _Query, layer, kslot, vslot, kvh, b, limit,
         return k_codes_f32(kv.k_store, (kslot, kvh, b, d), kt, sub)
 
     with I.serial(0, tirx.min(B // L, (limit - b * B + L - 1) // L)) as sub:
-        for g, st in enumerate(states):
-            I.buffer_store(st.s, _bc(qy.kc[g]) if not kt.is_float else _bc(_f32(0.0)), [_ramp(0)])
-        with I.serial(0, hd) as d:
-            kvec = I.Bind(key_vec(d, sub))
+        if int_scores:  # sum_d q16_d code_d exactly in int32, 4 channels per vpdpbusd and half
+            for g in range(G):
+                for acc in (qy.shi, qy.slo):
+                    I.buffer_store(acc, _bc(tirx.const(0, "int32")), [_ramp(g * L)])
+            with I.serial(0, hd // 4) as w:
+                codes = I.Bind(tirx.reinterpret("int8x64", k_codes_group_u8(kv.k_store, (kslot, kvh, b), kt, sub, w)))
+                for g in range(G):
+                    for acc, half in ((qy.shi, qy.qhi), (qy.slo, qy.qlo)):
+                        word = tirx.reinterpret("int32", half[tirx.Ramp(g * hd + 4 * w, 1, 4)])
+                        qb = tirx.reinterpret("int8x64", tirx.Broadcast(word, L))
+                        I.buffer_store(acc, vpdpbusd(acc[_ramp(g * L)], codes, qb), [_ramp(g * L)])
             for g, st in enumerate(states):
-                I.buffer_store(st.s, st.s[_ramp(0)] + _bc(qk[g * hd + d]) * kvec, [_ramp(0)])
+                si = (qy.shi[_ramp(g * L)] << _bc(tirx.const(8, "int32"))) + qy.slo[_ramp(g * L)]
+                I.buffer_store(st.s, _bc(qy.kc[g]) + _bc(qy.qf[g]) * tirx.Cast(F32, si), [_ramp(0)])
+        else:
+            for g, st in enumerate(states):
+                I.buffer_store(st.s, _bc(qy.kc[g]) if not kt.is_float else _bc(_f32(0.0)), [_ramp(0)])
+            with I.serial(0, hd) as d:
+                kvec = I.Bind(key_vec(d, sub))
+                for g, st in enumerate(states):
+                    I.buffer_store(st.s, st.s[_ramp(0)] + _bc(qk[g * hd + d]) * kvec, [_ramp(0)])
         base = b * B + sub * L
         valid = _ramp(base) < _bc(limit)
         n_valid = I.Bind(tirx.min(tirx.IntImm("int64", L), limit - base))
@@ -115,6 +149,8 @@ def _attend_block(kv: KVBuffers, qy: _Query, layer, kslot, vslot, kvh, b, limit,
             I.buffer_store(st.p, exp_f32(sc - _bc(m_new)), [_ramp(0)])
             I.buffer_store(st.l, st.l[0] * corr + hsum(st.p[_ramp(0)]), [0])
             I.buffer_store(st.m, m_new, [0])
+            if not kv.vt.is_float:  # also in ring blocks: mv may hold store blocks' share
+                I.buffer_store(st.mv, st.mv[0] * corr, [0])
             for c in range(hd // L):
                 I.buffer_store(st.acc, st.acc[_ramp(c * L)] * _bc(corr), [_ramp(c * L)])
         # V: only rows that exist (beyond the limit the cache holds stale or uninitialised values)
@@ -131,13 +167,37 @@ def _attend_block(kv: KVBuffers, qy: _Query, layer, kslot, vslot, kvh, b, limit,
             for st in states:
                 pj = st.p[jj]
                 if ring or vt.is_float:
-                    w, add = _bc(pj), None
+                    w = _bc(pj)
                 else:
-                    w, add = _bc(pj * vsc), _bc(pj * vmin)
+                    w = _bc(pj * vsc)
+                    I.buffer_store(st.mv, st.mv[0] + pj * vmin, [0])
                 for c in range(hd // L):
                     a = _ramp(c * L)
-                    v = st.acc[a] + w * rows[c]
-                    I.buffer_store(st.acc, v + add if add is not None else v, [a])
+                    I.buffer_store(st.acc, st.acc[a] + w * rows[c], [a])
+
+
+Q16 = 127 * 256  # |q16| <= Q16 keeps both int8 halves in [-128, 127] and every sum inside int32
+
+
+def _quantise_query(qy: _Query) -> None:
+    """q16 = round(qk / qf) with qf = max |qk| / Q16 per head, split q16 = 256 qhi + qlo into int8 halves
+    (as the integer matmuls split 16-bit activations): the scores keep float32-like precision."""
+    hd = qy.hd
+    i32 = f"int32x{L}"
+    for g in range(qy.G):
+        vecs = [qy.qk[_ramp(g * hd + c * L)] for c in range(hd // L)]
+        mx = tirx.abs(vecs[0])
+        for v in vecs[1:]:
+            mx = tirx.max(mx, tirx.abs(v))
+        amax = I.Bind(hmax(mx))
+        inv = I.Bind(tirx.Select(amax > _f32(0.0), _f32(float(Q16)) / amax, _f32(0.0)))
+        I.buffer_store(qy.qf, amax / _f32(float(Q16)), [g])
+        for c, v in enumerate(vecs):
+            q16 = I.Bind(tirx.Cast(i32, tirx.floor(v * _bc(inv) + _bc(_f32(0.5)))))
+            lo = I.Bind(((q16 + _bc(tirx.const(128, "int32"))) & _bc(tirx.const(255, "int32"))) - _bc(tirx.const(128, "int32")))
+            hi = (q16 - lo) >> _bc(tirx.const(8, "int32"))
+            I.buffer_store(qy.qlo, tirx.Cast(f"int8x{L}", lo), [_ramp(g * hd + c * L)])
+            I.buffer_store(qy.qhi, tirx.Cast(f"int8x{L}", hi), [_ramp(g * hd + c * L)])
 
 
 def _attend(kv, qy, layer, kslot, vslot, kvh, b, limit, first_ring, states) -> None:
@@ -151,6 +211,7 @@ def _attend(kv, qy, layer, kslot, vslot, kvh, b, limit, first_ring, states) -> N
 
 def _finish(out, t, kvh, G: int, hd: int, states) -> None:
     for g, st in enumerate(states):
+        st.fold()
         inv = I.Bind(_f32(1.0) / st.l[0])
         for c in range(hd // L):
             I.buffer_store(out, st.acc[_ramp(c * L)] * _bc(inv), [t, _ramp((kvh * G + g) * hd + c * L)])
@@ -202,7 +263,7 @@ def _selection(kv, qy, G, kvh, kslot, sh: _Shape, bounds, bbase, sel, sbase, cou
 def _widen(kv, q, t, kvh, g, G, hd, scale, layer, kslot, vslot, sh: _Shape, bounds, bbase, thr, last_sel, st) -> None:
     """Dynamic widening for query head g: while the best unread block's bound is within `margin` of the
     best score read so far, read it too (at most `widen` blocks), in decreasing bound order."""
-    qy = _Query(q, t, kvh * G + g, 1, hd, scale)
+    qy = _Query(q, t, kvh * G + g, 1, hd, scale, kv.int_scores)
     prev = I.alloc_buffer((2,), "float32")  # bound and index of the last block added
     best = I.alloc_buffer((2,), "float32")
     go = I.alloc_buffer((1,), "int32")
@@ -232,8 +293,14 @@ def _widen(kv, q, t, kvh, g, G, hd, scale, layer, kslot, vslot, sh: _Shape, boun
                         I.buffer_store(go, tirx.const(0, "int32"), [0])
 
 
-def build_attention(req: KernelRequest, chunk: int):
-    """`chunk` > 0 splits the keys of single-token steps into chunks of that many keys (whole blocks)."""
+def int_scores_for(target: TargetPreset) -> bool:
+    """Integer scores for quantised keys need vpdpbusd (VNNI) and vpermb (VBMI)."""
+    return target.vnni and "avx512vbmi" in target.llvm_features
+
+
+def build_attention(req: KernelRequest, chunk: int, int_scores: bool = False):
+    """`chunk` > 0 splits the keys of single-token steps into chunks of that many keys (whole blocks).
+    `int_scores`: quantised key blocks are scored with vpdpbusd against the query rounded to 16 bits."""
     plan, kt, vt = kv_plan_of(req)
     hd, Hkv = plan.head_dim, plan.n_kv_heads
     H = int(req.attr("n_heads"))
@@ -245,7 +312,7 @@ def build_attention(req: KernelRequest, chunk: int):
             I.func_attr({"tirx.noalias": True})
             n = req.m if req.m is not None else tirx.Var("T", "int64")
             q = I.arg("q", I.buffer((n, H * hd), "float32"))  # [T, n_heads * head_dim], rotated
-            kv = KVBuffers.declare(plan, kt, vt)
+            kv = KVBuffers.declare(plan, kt, vt, int_scores)
             attn = I.arg("attn", I.buffer((5,), "float32"))  # [sinks, window, topk, widen, margin]
             pos = I.arg("pos", tirx.Var("pos", "int64"))
             layer = I.arg("layer", tirx.Var("layer", "int64"))
@@ -300,7 +367,7 @@ def _prefill(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: i
         kvh = task % Hkv
         t = I.Bind(tirx.Select(r % 2 == 0, r // 2, n - 1 - r // 2))
         sh = _Shape(kv, attn, pos + t + 1)
-        qy = _Query(q, t, kvh * G, G, hd, scale)
+        qy = _Query(q, t, kvh * G, G, hd, scale, kv.int_scores)
         states = [_State(hd) for _ in range(G)]
         count = I.alloc_buffer((1,), "int32")
         thr = I.alloc_buffer((1,), "float32")
@@ -339,6 +406,7 @@ def _widen_heads(kv, q, t, kvh, G, hd, scale, layer, kslot, vslot, sh, bounds, b
 def _copy_state(src: _State, dst: _State, hd: int) -> None:
     I.buffer_store(dst.m, src.m[0], [0])
     I.buffer_store(dst.l, src.l[0], [0])
+    I.buffer_store(dst.mv, src.mv[0], [0])
     for c in range(hd // L):
         I.buffer_store(dst.acc, src.acc[_ramp(c * L)], [_ramp(c * L)])
 
@@ -374,7 +442,7 @@ def _decode(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: in
     with I.parallel(0, Hkv * n_chunks) as task:
         kvh = task // n_chunks
         c = task % n_chunks
-        qy = _Query(q, 0, kvh * G, G, hd, scale)
+        qy = _Query(q, 0, kvh * G, G, hd, scale, kv.int_scores)
         states = [_State(hd) for _ in range(G)]
         cnt = I.Bind(_opaque(tirx.Select(sh.dense == 1, tirx.IntImm("int64", 0), tirx.Cast("int64", n_list[kvh]))))
         end = I.Bind(_opaque(_n_items(sh, cnt)))
@@ -382,6 +450,7 @@ def _decode(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: in
             b = I.Bind(_item(sh, i, cnt, lambda j: sel[kvh * kv.nb + j]))
             _attend(kv, qy, layer, kslot, vslot, kvh, b, sh.n_ctx, sh.first_ring, states)
         for g, st in enumerate(states):
+            st.fold()
             I.buffer_store(part_st, st.m[0], [(task * G + g) * 2])
             I.buffer_store(part_st, st.l[0], [(task * G + g) * 2 + 1])
             for cc in range(hd // L):
@@ -402,6 +471,7 @@ def _decode(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: in
                 thr = I.alloc_buffer((1,), "float32")
                 I.buffer_store(thr, thrs[kvh], [0])
                 _widen(kv, q, 0, kvh, g, G, hd, scale, layer, kslot, vslot, sh, bounds, kvh * NBp, thr, lasts[kvh], st)
+        st.fold()
         inv = I.Bind(_f32(1.0) / st.l[0])
         for cc in range(hd // L):
             I.buffer_store(out, st.acc[_ramp(cc * L)] * _bc(inv), [0, _ramp(h * hd + cc * L)])
@@ -415,13 +485,16 @@ class AttentionDecodeRule(Rule):
     """One token: split-K over (KV head, key chunk) tasks, then a merge."""
 
     name = "attention_decode"
-    knobs = (Knob("chunk", 256, (128, 256, 512, 1024, 2048), "keys per split-K task"),)
+    knobs = (
+        Knob("chunk", 256, (128, 256, 512, 1024, 2048), "keys per split-K task"),
+        Knob("int_scores", 1, (0, 1), "score quantised key blocks with vpdpbusd (where the target has VNNI + VBMI)"),
+    )
 
     def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
         return req.m == 1 and _applies(req)
 
     def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
-        return build_attention(req, knobs["chunk"])
+        return build_attention(req, knobs["chunk"], bool(knobs["int_scores"]) and int_scores_for(target))
 
 
 class AttentionPrefillRule(Rule):
@@ -433,4 +506,4 @@ class AttentionPrefillRule(Rule):
         return req.m != 1 and _applies(req)
 
     def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
-        return build_attention(req, 0)
+        return build_attention(req, 0, int_scores_for(target))

@@ -50,9 +50,10 @@ class KVBuffers:
     v_store: object
     v_params: object | None
     nb: object = None  # the symbolic number of blocks in the stores
+    int_scores: bool = False  # score quantised key blocks with vpdpbusd (int8 query, needs VNNI + VBMI)
 
     @classmethod
-    def declare(cls, plan: KVPlan, kt: KVType, vt: KVType) -> KVBuffers:
+    def declare(cls, plan: KVPlan, kt: KVType, vt: KVType, int_scores: bool = False) -> KVBuffers:
         nb = tirx.Var("NB", "int64")
 
         def arg(st):
@@ -64,7 +65,7 @@ class KVBuffers:
         k_store, k_side = arg(ks[0]), arg(ks[1])
         v_store = arg(vs[0])
         v_params = arg(vs[1]) if len(vs) > 1 else None
-        return cls(plan, kt, vt, ring_k, ring_v, k_store, k_side, v_store, v_params, nb)
+        return cls(plan, kt, vt, ring_k, ring_v, k_store, k_side, v_store, v_params, nb, int_scores and not kt.is_float)
 
     @property
     def block(self) -> int:
@@ -206,3 +207,21 @@ def _nibbles(byte, high):
         return tirx.Cast(F32, (wide >> _bc(tirx.const(4 * high, "int32"))) & _bc(tirx.const(15, "int32")))
     shift = tirx.Cast("int32", high * 4)
     return tirx.Cast(F32, (wide >> _bc(shift)) & _bc(tirx.const(15, "int32")))
+
+
+# byte 4k + i of a transposed group <- byte 16i + k of four 16-key channel rows: key k's 4 channels in one
+# 32-bit lane, as vpdpbusd multiplies them (one vpermb)
+_TRANSPOSE_4x16 = [16 * (n % 4) + n // 4 for n in range(64)]
+
+
+def k_codes_group_u8(store, idx, t: KVType, tile, w):
+    """uint8x64 codes of channels 4w .. 4w+3 for the 16 keys of tile `tile`, key-major (lane k = the key's
+    4 channel codes) for vpdpbusd; idx = (slot, head, block). The 4 channel rows are contiguous."""
+    slot, h, b = idx
+    if t is KVType.Q8:
+        raw = store[slot, h, b, tile, 4 * w, tirx.Ramp(0, 1, 64)]
+    else:  # tile pair: tile 2j in the low nibbles, 2j + 1 in the high
+        raw = store[slot, h, b, tile // 2, 4 * w, tirx.Ramp(0, 1, 64)]
+        shift = tirx.Broadcast(tirx.Cast("uint8", (tile % 2) * 4), 64)
+        raw = (raw >> shift) & tirx.Broadcast(tirx.const(15, "uint8"), 64)
+    return tirx.Shuffle([raw], _TRANSPOSE_4x16)
