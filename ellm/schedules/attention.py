@@ -260,10 +260,11 @@ def _selection(kv, qy, G, kvh, kslot, sh: _Shape, bounds, bbase, sel, sbase, cou
     return thr
 
 
-def _widen(kv, q, t, kvh, g, G, hd, scale, layer, kslot, vslot, sh: _Shape, bounds, bbase, thr, last_sel, st) -> None:
-    """Dynamic widening for query head g: while the best unread block's bound is within `margin` of the
-    best score read so far, read it too (at most `widen` blocks), in decreasing bound order."""
-    qy = _Query(q, t, kvh * G + g, 1, hd, scale, kv.int_scores)
+def _widen(kv, qy: _Query, layer, kslot, vslot, kvh, sh: _Shape, bounds, bbase, thr, last_sel, states) -> None:
+    """Dynamic widening for the G query heads of KV head kvh (they share blocks, as the selection does):
+    while the best unread block's bound (the largest over the G heads) is within `margin` of the lowest of
+    the heads' best scores read so far, read it too for all G heads (at most `widen` blocks), in decreasing
+    bound order."""
     prev = I.alloc_buffer((2,), "float32")  # bound and index of the last block added
     best = I.alloc_buffer((2,), "float32")
     go = I.alloc_buffer((1,), "int32")
@@ -284,9 +285,12 @@ def _widen(kv, q, t, kvh, g, G, hd, scale, layer, kslot, vslot, sh: _Shape, boun
                         with I.Then():
                             I.buffer_store(best, u, [0])
                             I.buffer_store(best, bf, [1])
-                with I.If(tirx.all(best[1] >= _f32(0.0), best[0] > st.m[0] - sh.margin)):
+                m_low = states[0].m[0]
+                for st in states[1:]:
+                    m_low = tirx.min(m_low, st.m[0])
+                with I.If(tirx.all(best[1] >= _f32(0.0), best[0] > m_low - sh.margin)):
                     with I.Then():
-                        _attend_block(kv, qy, layer, kslot, vslot, kvh, tirx.Cast("int64", best[1]), sh.n_ctx, False, [st])
+                        _attend_block(kv, qy, layer, kslot, vslot, kvh, tirx.Cast("int64", best[1]), sh.n_ctx, False, states)
                         I.buffer_store(prev, best[0], [0])
                         I.buffer_store(prev, best[1], [1])
                     with I.Else():
@@ -384,37 +388,14 @@ def _prefill(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: i
         with I.If(sh.dense == 0):
             with I.Then():
                 last = tirx.Select(cnt > 0, sel[sbase + tirx.max(cnt - 1, 0)], -1)
-                _widen_heads(kv, q, t, kvh, G, hd, scale, layer, kslot, vslot, sh, bounds, task * NBp, thr, last, states)
+                _widen(kv, qy, layer, kslot, vslot, kvh, sh, bounds, task * NBp, thr, last, states)
         _finish(out, t, kvh, G, hd, states)
-
-
-def _widen_heads(kv, q, t, kvh, G, hd, scale, layer, kslot, vslot, sh, bounds, bbase, thr, last, states) -> None:
-    """_widen for each of the G query heads, through one single-head state (one copy of the code)."""
-    one = _State(hd)
-    with I.serial(0, G) as g:
-        for gg, st in enumerate(states):  # one <- states[g]
-            with I.If(g == gg):
-                with I.Then():
-                    _copy_state(st, one, hd)
-        _widen(kv, q, t, kvh, g, G, hd, scale, layer, kslot, vslot, sh, bounds, bbase, thr, last, one)
-        for gg, st in enumerate(states):
-            with I.If(g == gg):
-                with I.Then():
-                    _copy_state(one, st, hd)
-
-
-def _copy_state(src: _State, dst: _State, hd: int) -> None:
-    I.buffer_store(dst.m, src.m[0], [0])
-    I.buffer_store(dst.l, src.l[0], [0])
-    I.buffer_store(dst.mv, src.mv[0], [0])
-    for c in range(hd // L):
-        I.buffer_store(dst.acc, src.acc[_ramp(c * L)], [_ramp(c * L)])
 
 
 def _decode(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: int, scale: float, bpc: int) -> None:
     """One query token. Phase 1 (sparse only, one task per KV head): bounds, top-K and the block list.
     Phase 2: tasks = (KV head, run of bpc blocks of the list) write partial (max, sum, acc) (split-K).
-    Phase 3, per query head: merge the partials, widen if needed, normalise."""
+    Phase 3, per KV head: merge the partials of its G query heads, widen if needed, normalise."""
     sh = _Shape(kv, attn, pos + 1)
     NBp = kv.nb + L
     bounds = I.alloc_buffer((Hkv * NBp,), "float32")
@@ -455,26 +436,24 @@ def _decode(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: in
             I.buffer_store(part_st, st.l[0], [(task * G + g) * 2 + 1])
             for cc in range(hd // L):
                 I.buffer_store(part_acc, st.acc[_ramp(cc * L)], [_ramp((task * G + g) * hd + cc * L)])
-    with I.parallel(0, Hkv * G) as h:
-        kvh, g = h // G, h % G
-        st = _State(hd)
-        with I.serial(0, n_chunks) as c:
-            I.buffer_store(st.m, tirx.max(st.m[0], part_st[((kvh * n_chunks + c) * G + g) * 2]), [0])
-        with I.serial(0, n_chunks) as c:
-            base = (kvh * n_chunks + c) * G + g
-            w = I.Bind(exp_f32(part_st[base * 2] - st.m[0]))
-            I.buffer_store(st.l, st.l[0] + part_st[base * 2 + 1] * w, [0])
-            for cc in range(hd // L):
-                I.buffer_store(st.acc, st.acc[_ramp(cc * L)] + part_acc[_ramp(base * hd + cc * L)] * _bc(w), [_ramp(cc * L)])
+    with I.parallel(0, Hkv) as kvh:
+        states = [_State(hd) for _ in range(G)]
+        for g, st in enumerate(states):
+            with I.serial(0, n_chunks) as c:
+                I.buffer_store(st.m, tirx.max(st.m[0], part_st[((kvh * n_chunks + c) * G + g) * 2]), [0])
+            with I.serial(0, n_chunks) as c:
+                base = (kvh * n_chunks + c) * G + g
+                w = I.Bind(exp_f32(part_st[base * 2] - st.m[0]))
+                I.buffer_store(st.l, st.l[0] + part_st[base * 2 + 1] * w, [0])
+                for cc in range(hd // L):
+                    I.buffer_store(st.acc, st.acc[_ramp(cc * L)] + part_acc[_ramp(base * hd + cc * L)] * _bc(w), [_ramp(cc * L)])
         with I.If(sh.dense == 0):
             with I.Then():
+                qy = _Query(q, 0, kvh * G, G, hd, scale, kv.int_scores)
                 thr = I.alloc_buffer((1,), "float32")
                 I.buffer_store(thr, thrs[kvh], [0])
-                _widen(kv, q, 0, kvh, g, G, hd, scale, layer, kslot, vslot, sh, bounds, kvh * NBp, thr, lasts[kvh], st)
-        st.fold()
-        inv = I.Bind(_f32(1.0) / st.l[0])
-        for cc in range(hd // L):
-            I.buffer_store(out, st.acc[_ramp(cc * L)] * _bc(inv), [0, _ramp(h * hd + cc * L)])
+                _widen(kv, qy, layer, kslot, vslot, kvh, sh, bounds, kvh * NBp, thr, lasts[kvh], states)
+        _finish(out, 0, kvh, G, hd, states)
 
 
 def _applies(req: KernelRequest) -> bool:
