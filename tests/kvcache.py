@@ -149,23 +149,22 @@ def sparse_ref(plan: KVPlan, layer: int, k: np.ndarray, v: np.ndarray, q: np.nda
                sinks: int, window: int, topk: int, int_scores: bool) -> np.ndarray:
     """Block-sparse attention of one query at position t (no widening): sink blocks, the block-aligned window,
     and the top-K remote blocks by bound, each KV head choosing for its G query heads."""
-    B = plan.block
-    Hkv = k.shape[0]
     rd = np.float32 if plan.ring_dtype == "float32" else np.float16
     raw = k[:, : t + 1].astype(rd).astype(np.float64)
-    n_ctx = t + 1
+    keys = [sparse_keys(plan, t, sinks, window, topk, lambda n: block_bounds_ref(plan, layer, raw, q, h, n, H))
+            for h in range(k.shape[0])]
+    return attend_ref(plan, layer, k, v, q, t, H, int_scores, keys)
+
+
+def sparse_keys(plan: KVPlan, t: int, sinks: int, window: int, topk: int, bounds_of) -> np.ndarray:
+    """Positions a query at t reads: sink blocks, the top-K candidates by bounds_of(n_blocks), the window."""
+    B, n_ctx = plan.block, t + 1
     wb = max(n_ctx - max(window, plan.recent * B), 0) // B
     sb = min(-(-sinks // B), wb)  # sink blocks: the first `sinks` tokens rounded up to whole blocks
-    keys = []
-    for h in range(Hkv):
-        if wb - sb <= topk:
-            keys.append(np.arange(n_ctx))
-            continue
-        bounds = block_bounds_ref(plan, layer, raw, q, h, wb, H)[sb:]
-        chosen = sorted(sb + np.argsort(-bounds, kind="stable")[:topk])
-        keys.append(np.concatenate([np.arange(sb * B)] + [np.arange(b * B, (b + 1) * B) for b in chosen]
-                                   + [np.arange(wb * B, n_ctx)]))
-    return attend_ref(plan, layer, k, v, q, t, H, int_scores, keys)
+    if wb - sb <= topk:
+        return np.arange(n_ctx)
+    chosen = sorted(sb + np.argsort(-bounds_of(wb)[sb:], kind="stable")[:topk])
+    return np.concatenate([np.arange(sb * B)] + [np.arange(b * B, (b + 1) * B) for b in chosen] + [np.arange(wb * B, n_ctx)])
 
 
 def scores_ref(plan: KVPlan, layer: int, k: np.ndarray, q: np.ndarray, t: int, H: int, int_scores: bool) -> np.ndarray:

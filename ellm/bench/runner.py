@@ -91,6 +91,7 @@ def f16_kv_bytes_per_token(manifest: dict) -> int:
 
 
 def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> dict:
+    from ..kv.plan import KVPlan
     from ..runtime.artifact import Artifact
 
     manifest = Artifact.open(cfg.artifact).manifest
@@ -152,7 +153,10 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> 
         "warmup": cfg.warmup,
         "repeat": cfg.repeat,
         "rounds": cfg.rounds,
-        "kv_cache": {"k": manifest["kv_cache"]["k"], "v": manifest["kv_cache"]["v"], "block": manifest["kv_cache"]["block"]},
+        "kv_cache": KVPlan.from_dict(manifest["kv_cache"]).describe(),
+        "kv_plan": {"k": manifest["kv_cache"]["k"], "v": manifest["kv_cache"]["v"], "block": manifest["kv_cache"]["block"]},
+        "attention": cfg.attention.describe(),
+        "rope_scaling": list(cfg.rope_scaling) if cfg.rope_scaling else None,
         "rows": rows,
         "ratios": ratios,
     }
@@ -160,7 +164,8 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> 
 
 def format_table(report: dict) -> str:
     lines = [
-        f"{report['model']}, {report['threads']} threads, KV {report['kv_cache']}, decode {report['gen']} tokens "
+        f"{report['model']}, {report['threads']} threads, eLLM: {report['attention']}, {report['kv_cache']}; "
+        f"decode {report['gen']} tokens "
         f"x {report['repeat']} repeats x {report['rounds']} rounds (median [min-max])",
         f"{'ctx':>6} {'system':10} {'prefill tok/s':>14} {'decode tok/s':>22} {'MB/token':>9} {'GB/s':>6} "
         f"{'% of BW':>8} {'BW GB/s':>8}",
