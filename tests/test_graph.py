@@ -7,7 +7,7 @@ from gguf import GGMLQuantizationType as G
 from synthetic import write_model
 
 from ellm.compiler.gguf_file import GGUFFile
-from ellm.compiler.graph import OpKind, Use
+from ellm.compiler.graph import Use
 from ellm.compiler.import_llama import import_llama
 from ellm.compiler.passes import fuse_residual_add, fuse_rmsnorm_matmul, fuse_rope_kv_append, fuse_sibling_matmuls
 from ellm.compiler.pass_context import PassContext

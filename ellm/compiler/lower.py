@@ -14,7 +14,7 @@ from ..schedules import KernelRequest, select_rule
 from ..kv.plan import KVPlan
 from ..schedules.inject_prefetch import inject_prefetch
 from ..targets import TargetPreset
-from .graph import Graph, Op, OpKind, TensorType, Use, WeightRef
+from .graph import Graph, Op, OpKind, TensorType, WeightRef
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.tirx.script.builder import ir as I
 
-from ..kv.plan import KVType
 from .kv_blocks import F32, L, KVBuffers
 from .vecmath import hmax, hreduce, hsum
 
