@@ -35,6 +35,7 @@ def main() -> None:
     from ellm.compiler.gguf_file import GGUFFile
     from ellm.compiler.lower import lower
     from ellm.config import ModelConfig
+    from ellm.kv.plan import KVPlan
     from ellm.models import resolve_model
     from ellm.runtime.engine import set_threads
     from ellm.schedules.inject_prefetch import inject_prefetch
@@ -45,6 +46,7 @@ def main() -> None:
     cfg = ModelConfig.from_gguf(gf)
     _, g = build_graph(gf, cfg, CompileOptions(), preset)
     lowered = lower(g, preset)
+    lowered_plan = KVPlan.from_key(g.op("kv_cache").attr("kv_plan"))
     decode = [k for k in lowered.kernels if k.req.m == 1]
     calls = Counter()
     for _, op in g.nodes():
@@ -80,8 +82,8 @@ def main() -> None:
                     f(*s)
             times.append((time.perf_counter() - t) / (reps // 3 * len(sets)))
         sec = statistics.median(times)
-        if k.req.kind.value == "attention":
-            nbytes = 2 * cfg.n_kv_heads * a.ctx * cfg.head_dim * 2  # K and V of one layer (float16) up to ctx
+        if k.req.kind.value == "attention":  # K and V of one layer up to ctx, at the plan's precision
+            nbytes = int(lowered_plan.bytes_per_token() / cfg.n_layers * a.ctx)
         elif k.req.kind.value == "embedding":
             nbytes = nbytes // k.req.weight_shape[0]  # one row
         rows.append({"kernel": k.name, "rule": k.rule, "calls_per_step": calls[k.name], "us": sec * 1e6,

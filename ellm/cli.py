@@ -28,7 +28,18 @@ def _nonneg_int(s: str) -> int:
     return v
 
 
-KV_TYPES = {"f16": "float16", "f32": "float32"}
+def add_kv_type_args(p: argparse.ArgumentParser) -> None:
+    from .kv.plan import KV_TYPE_CHOICES
+
+    names = list(KV_TYPE_CHOICES)
+    p.add_argument("--kv-type", choices=names, default="auto",
+                   help="KV cache type of K and V (default auto: q4, with q8 keys in the first layers, within 30%% of f16)")
+    p.add_argument("--cache-type-k", choices=names, help="K cache type (overrides --kv-type)")
+    p.add_argument("--cache-type-v", choices=names, help="V cache type (overrides --kv-type)")
+
+
+def kv_types(a: argparse.Namespace) -> tuple[str, str]:
+    return a.cache_type_k or a.kv_type, a.cache_type_v or a.kv_type
 
 
 def cmd_compile(a: argparse.Namespace) -> int:
@@ -36,7 +47,8 @@ def cmd_compile(a: argparse.Namespace) -> int:
 
     options = CompileOptions(
         target=a.target,
-        kv_dtype=KV_TYPES[a.kv_type],
+        cache_type_k=kv_types(a)[0],
+        cache_type_v=kv_types(a)[1],
         disable_passes=tuple(a.disable_pass or ()),
         enable_passes=tuple(a.enable_pass or ()),
         tuning_db=Path(a.tuning_db) if a.tuning_db else None,
@@ -132,14 +144,15 @@ def cmd_run(a: argparse.Namespace) -> int:
     from .runtime.engine import Engine
 
     text = _read_prompt(a)
-    eng = Engine.load(a.artifact, threads=a.threads, ctx_size=a.ctx_size, rope_scaling=rope_scaling_option(a))
+    eng = Engine.load(a.artifact, threads=a.threads, ctx_size=a.ctx_size, rope_scaling=rope_scaling_option(a),
+                      attention=attention_option(a))
     return generate_and_report(eng, text, a)
 
 
 def cmd_inspect(a: argparse.Namespace) -> int:
     from .compiler.inspect import inspect_model
 
-    print(inspect_model(a.model, kv_type=KV_TYPES[a.kv_type], as_json=a.json))
+    print(inspect_model(a.model, *kv_types(a), as_json=a.json))
     return 0
 
 
@@ -184,6 +197,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     cfg = BenchConfig(
         artifact=artifact, model=model, ctxs=tuple(int(c) for c in a.ctx.split(",")), gen=a.gen, warmup=a.warmup,
         repeat=a.repeat, rounds=a.rounds, threads=a.threads or (os.cpu_count() or 1), vs_llama_cpp=vs is not None,
+        attention=attention_option(a), rope_scaling=rope_scaling_option(a),
     )
     report = run_bench(cfg, log=log)
     if a.plot:
@@ -219,6 +233,32 @@ def rope_scaling_option(a: argparse.Namespace) -> tuple[str, float] | None:
     return (a.rope_scaling, a.rope_scale)
 
 
+def add_attention_args(p: argparse.ArgumentParser) -> None:
+    from .kv.attention import AttentionConfig
+
+    d = AttentionConfig()
+    p.add_argument("--attention", choices=["sparse", "dense"], default=d.mode,
+                   help="block-sparse (sinks + window + top-K blocks) or exact dense attention (default sparse)")
+    p.add_argument("--sinks", type=_nonneg_int, default=d.sinks, help=f"sink tokens, rounded up to whole blocks (default {d.sinks})")
+    p.add_argument("--window", type=_positive_int, default=d.window, help=f"recent tokens always read (default {d.window})")
+    p.add_argument("--topk", type=_nonneg_int, default=d.topk, help=f"remote blocks read, by score bound (default {d.topk})")
+    p.add_argument("--widen", type=_nonneg_int, default=d.widen, help=f"most extra blocks dynamic widening may add (default {d.widen})")
+    p.add_argument("--margin", type=float, default=d.margin,
+                   help=f"widen while the best unread bound is within this many nats of the best score read (default {d.margin:g})")
+
+
+def attention_option(a: argparse.Namespace):
+    from .kv.attention import AttentionConfig
+
+    return AttentionConfig(a.attention, a.sinks, a.window, a.topk, a.widen, a.margin)
+
+
+def attention_argv(cfg) -> list[str]:
+    """The command-line options that recreate an AttentionConfig (for worker processes)."""
+    return ["--attention", cfg.mode, "--sinks", str(cfg.sinks), "--window", str(cfg.window), "--topk", str(cfg.topk),
+            "--widen", str(cfg.widen), "--margin", repr(cfg.margin)]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ellm", description="Compile GGUF models to fast CPU inference artifacts and run them.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -227,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("model", nargs="?", help="GGUF file (default: the bundled SmolLM2-135M-Instruct Q4_1)")
     c.add_argument("-o", "--output", required=True, help="artifact directory to write")
     c.add_argument("--target", default="auto", help="target preset or 'auto' (see `ellm targets`)")
-    c.add_argument("--kv-type", choices=sorted(KV_TYPES), default="f16", help="KV cache element type")
+    add_kv_type_args(c)
     c.add_argument("--disable-pass", action="append", metavar="PASS", help="skip a graph pass (repeatable)")
     c.add_argument("--enable-pass", action="append", metavar="PASS", help="run an opt-in graph pass, e.g. fuse_ffn")
     c.add_argument("--tuning-db", help="JSON tuning database with schedule knobs (ellm tune)")
@@ -253,11 +293,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--ctx-size", type=_positive_int, default=None, help="context size (default: the model's)")
     r.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     add_rope_scaling_args(r)
+    add_attention_args(r)
     r.set_defaults(func=cmd_run)
 
     i = sub.add_parser("inspect", help="summarise a model's graph: ops, weight bytes per type, KV bytes per token")
     i.add_argument("model", nargs="?", help="GGUF file (default: the bundled model)")
-    i.add_argument("--kv-type", choices=sorted(KV_TYPES), default="f16")
+    add_kv_type_args(i)
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=cmd_inspect)
 
@@ -286,6 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--vs", metavar="llama.cpp", help="also run llama.cpp on the same GGUF (installed on demand)")
     b.add_argument("--json", action="store_true")
     b.add_argument("--plot", metavar="FILE.png", help="draw decode tokens/s against context length")
+    add_rope_scaling_args(b)
+    add_attention_args(b)
     b.set_defaults(func=cmd_bench)
 
     d = sub.add_parser("demo", help="compile the bundled model (cached) and answer a question about a long document")

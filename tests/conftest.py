@@ -26,7 +26,9 @@ def artifact(tmp_path_factory, model_path) -> Path:
     from ellm.compiler.build import CompileOptions, compile_model
 
     out = tmp_path_factory.mktemp("artifacts") / "smollm2"
-    compile_model(model_path, out, CompileOptions(target="auto"))
+    # a float16 cache, so the float64 reference (K/V rounded through float16) checks it; the default (auto)
+    # plan is checked against this artifact in test_kv_quant_model.py
+    compile_model(model_path, out, CompileOptions(target="auto", cache_type_k="f16", cache_type_v="f16"))
     return out
 
 

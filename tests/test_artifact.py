@@ -82,5 +82,8 @@ def test_cpu_check_names_missing_features(artifact):
 
 
 def test_kv_cache_is_persistent_and_sized_by_ctx(engine):
-    cfg = engine.config
-    assert engine.kv_bytes() == 2 * cfg.n_layers * cfg.n_kv_heads * engine.ctx_size * cfg.head_dim * 2
+    cfg, plan = engine.config, engine.kv_plan
+    f16_cache = 2 * cfg.n_layers * cfg.n_kv_heads * engine.ctx_size * cfg.head_dim * 2
+    summary = cfg.n_layers * cfg.n_kv_heads * plan.n_blocks(engine.ctx_size) * 2 * cfg.head_dim * 2  # per-channel min, max
+    ring = 2 * cfg.n_layers * cfg.n_kv_heads * plan.ring * plan.block * cfg.head_dim * 2
+    assert engine.kv_bytes() == f16_cache + summary + ring

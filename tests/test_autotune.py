@@ -26,7 +26,7 @@ def test_tune_then_compile_uses_the_tuned_knobs(tmp_path):
     model = write_model(tmp_path / "m.gguf", n_layers=1)
     db = tune_model(model, tmp_path / "tune.json", target="znver4", budget=2, threads=2, workload=Workload(tokens=32, ctx=256))
     records = db.records()
-    assert {r.rule for r in records} >= {"vnni_gemv", "vnni_gemm", "attention_input", "attention", "attention_decode"}
+    assert {r.rule for r in records} >= {"vnni_gemv", "vnni_gemm", "attention_input", "attention_decode"}
     assert all(r.seconds > 0 for r in records)
     art = compile_model(model, tmp_path / "art", CompileOptions(target="znver4", tuning_db=tmp_path / "tune.json")).path
     manifest = json.loads((art / "manifest.json").read_text())

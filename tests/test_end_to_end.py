@@ -82,7 +82,7 @@ def test_matmul_precision_bounds(tmp_path_factory, model_path, text_ids, exact_r
 
     if activations != "f32" and not resolve_target("auto").vnni:
         pytest.skip("integer activations need AVX-512 VNNI")
-    options = CompileOptions(kv_dtype="float32", activations=activations)
+    options = CompileOptions(cache_type_k="f32", cache_type_v="f32", activations=activations)
     art = compile_model(model_path, tmp_path_factory.mktemp(activations) / "a", options).path
     got = ellm.load(art, threads=2, ctx_size=512).logits(text_ids)
     assert np.abs(got - exact_ref_logits).max() <= eps

@@ -8,10 +8,12 @@ from gguf import GGMLQuantizationType as G
 from gguf.quants import dequantize
 from kernels import PRESET, build, build_request
 from quantizers import quantize
-from test_kernels import _rope_ref, _table, from_blocks, to_blocks
+from kvcache import cache_attrs, clear_ring_tokens, empty_state, layer_args, ring_tokens
+from test_kernels import _rope_ref, _table
 
 import tvm
 from ellm.compiler.graph import OpKind, TensorType
+from ellm.kv.plan import KVPlan, KVType
 from ellm.quant import QuantType
 from ellm.quant.tiled import TILED_COMPONENTS, pack_tiled
 from ellm.schedules import KernelRequest
@@ -62,21 +64,21 @@ def test_attention_input(neox, rope_dim, bias, m):
     x = rng.standard_normal((m, D)).astype(np.float32)
     g = rng.standard_normal(D).astype(np.float32)
     b = rng.standard_normal(N).astype(np.float32)
-    cache_t = TensorType((Lyr, Hkv, "C", hd), "float32")
+    plan = KVPlan.uniform(Lyr, Hkv, hd, KVType.F32, KVType.F32, max_chunk=64)
+    cache_t = TensorType((Lyr, Hkv, "C", hd), "float16")
     req = KernelRequest(
         OpKind.ATTN_INPUT, 1 if m == 1 else None, (cache_t, TensorType(("T", D))), (None, None),
         (TensorType(("T", H * hd)), cache_t), QuantType.Q4_1, (N, D), ("norm", "bias") if bias else ("norm",),
-        (("act_bits", 16), ("layout", "tile16"), ("n_heads", H), ("n_kv_heads", Hkv), ("neox", neox),
-         ("norm_eps", 1e-5), ("rope_dim", rope_dim)),
+        tuple(sorted((("act_bits", 16), ("layout", "tile16"), ("n_heads", H), ("n_kv_heads", Hkv), ("neox", neox),
+                      ("norm_eps", 1e-5), ("rope_dim", rope_dim), *cache_attrs(plan, layer)))),
     )
     rule, f = build_request(req)
     assert rule.name == "attention_input"
-    kc = np.zeros((Lyr, Hkv, C, hd), np.float32)
-    vc = np.zeros((Lyr, Hkv, C, hd), np.float32)
-    args = [to_blocks(kc), vc, x, *w, g] + ([b] if bias else []) + [_table(C, 10000.0, rope_dim)]
+    state = [tvm.runtime.tensor(a) for a in empty_state(plan, C)]
+    args = [x, *w, g] + ([b] if bias else []) + [_table(C, 10000.0, rope_dim)]
     ts = [tvm.runtime.tensor(a) for a in args]
     q = tvm.runtime.tensor(np.zeros((m, H * hd), np.float32))
-    build(f)["attention_input"](*ts, pos, layer, q)
+    build(f)["attention_input"](*layer_args(plan, layer, state), *ts, pos, layer, layer, layer, q)
     qkv = _norm(x, g) @ W.T + (b if bias else 0)
     positions = np.arange(pos, pos + m, dtype=np.float64)
     q_ref = _rope_ref(qkv[:, : H * hd].reshape(m, H, hd), positions, 10000.0, rope_dim, neox).reshape(m, -1)
@@ -84,9 +86,9 @@ def test_attention_input(neox, rope_dim, bias, m):
     v_ref = qkv[:, (H + Hkv) * hd :].reshape(m, Hkv, hd)
     tol = 1e-4 * np.abs(qkv).max()
     assert np.abs(q.numpy() - q_ref).max() <= tol
-    k_out, v_out = from_blocks(ts[0].numpy()), ts[1].numpy()
-    assert np.abs(k_out[layer, :, pos : pos + m].transpose(1, 0, 2) - k_ref).max() <= tol
-    assert np.abs(v_out[layer, :, pos : pos + m].transpose(1, 0, 2) - v_ref).max() <= tol
-    k_out[layer, :, pos : pos + m] = 0
-    v_out[layer, :, pos : pos + m] = 0
-    assert not k_out.any() and not v_out.any()  # nothing else written
+    st = [t.numpy() for t in state]
+    k_out, v_out = ring_tokens(plan, st, layer, range(pos, pos + m))
+    assert np.abs(k_out - k_ref).max() <= tol
+    assert np.abs(v_out - v_ref).max() <= tol
+    clear_ring_tokens(plan, st, layer, range(pos, pos + m))
+    assert np.isnan(st[0]).all() and np.isnan(st[1]).all()  # nothing else written

@@ -7,7 +7,7 @@ from gguf import GGMLQuantizationType as G
 from synthetic import write_model
 
 from ellm.compiler.gguf_file import GGUFFile
-from ellm.compiler.graph import OpKind, Use
+from ellm.compiler.graph import Use
 from ellm.compiler.import_llama import import_llama
 from ellm.compiler.passes import fuse_residual_add, fuse_rmsnorm_matmul, fuse_rope_kv_append, fuse_sibling_matmuls
 from ellm.compiler.pass_context import PassContext
@@ -120,6 +120,10 @@ def test_inspect_cli(model_path):
     from ellm.compiler.inspect import inspect_model
 
     text = inspect_model(model_path)
-    assert "23,040 bytes per token" in text  # 2 (K,V) * 30 layers * 192 * 2 bytes
+    # auto: q4 K and V (36 bytes per token and head each, with the f16 min/scale), keys of layers 0-3 in q8
+    # (68): 3 heads * (30 * 36 + 4 * 32 + 30 * 36) = 6,864 = 29.8% of float16's 2 * 30 * 192 * 2 = 23,040
+    assert "K q8 (0-3) q4 (4-29), V q4" in text and "6,864 bytes per token (29.8% of float16" in text
+    f16 = inspect_model(model_path, "f16", "f16")
+    assert "23,400 bytes per token" in f16  # 23,040 + the per-block (min, max) key summaries
     assert "Q4_1" in text and "Q8_0" in text
     assert "attention_input      0 ->    30" in text

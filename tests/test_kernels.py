@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as G
 from gguf.quants import dequantize
+from kvcache import cache_attrs, clear_ring_tokens, empty_state, layer_args, ring_tokens
 from kernels import build, build_request, matmul_request, run
 from quantizers import quantize
 
+from ellm.kv.plan import KVPlan, KVType
 from ellm.compiler.graph import OpKind, TensorType
 from ellm.quant import FORMATS, QuantType, pack_rows
 from ellm.schedules import KernelRequest
@@ -75,64 +76,6 @@ def test_lm_head_last_row():
     assert np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max()
 
 
-def _attention_ref(q, kc, vc, layer, pos, H, Hkv, hd):
-    """kc, vc logical [L, Hkv, C, hd]."""
-    T = q.shape[0]
-    out = np.zeros((T, H * hd))
-    for t in range(T):
-        for h in range(H):
-            K = kc[layer, h // (H // Hkv), : pos + t + 1].astype(np.float64)
-            V = vc[layer, h // (H // Hkv), : pos + t + 1].astype(np.float64)
-            s = K @ q[t, h * hd : (h + 1) * hd] / math.sqrt(hd)
-            p = np.exp(s - s.max())
-            out[t, h * hd : (h + 1) * hd] = (p / p.sum()) @ V
-    return out
-
-
-def to_blocks(k: np.ndarray) -> np.ndarray:
-    """K cache [L, Hkv, C, hd] -> [L, Hkv, C/16, hd, 16] (the kernels' transposed 16-key blocks)."""
-    L, H, C, hd = k.shape
-    return np.ascontiguousarray(k.reshape(L, H, C // 16, 16, hd).transpose(0, 1, 2, 4, 3))
-
-
-def from_blocks(kb: np.ndarray) -> np.ndarray:
-    L, H, B, hd, kb16 = kb.shape
-    return np.ascontiguousarray(kb.transpose(0, 1, 2, 4, 3).reshape(L, H, B * kb16, hd))
-
-
-def _attention_request(H, Hkv, hd, L, kv_dtype, m):
-    return KernelRequest(
-        OpKind.ATTENTION,
-        m,
-        (TensorType(("T", H * hd)), TensorType((L, Hkv, "C", hd), kv_dtype)),
-        (None, None),
-        (TensorType(("T", H * hd)),),
-        attrs=(("n_heads", H),),
-    )
-
-
-@pytest.mark.parametrize("kv_dtype", ["float16", "float32"])
-@pytest.mark.parametrize("pos,T,knobs", [(0, 1, {}), (0, 37, {}), (190, 9, {"queries": 3}), (63, 65, {"queries": 1}),
-                                          (100, 1, {"chunk": 128}), (4000, 1, {"chunk": 512}), (4090, 1, {"chunk": 128})])
-def test_attention(kv_dtype, pos, T, knobs):
-    """Prefill (any T) and split-K decode (T = 1, several chunks and a partial last block) against float64."""
-    import tvm
-
-    H, Hkv, hd, L, C = 6, 2, 64, 2, 4096 + 16
-    rule, f = build_request(_attention_request(H, Hkv, hd, L, kv_dtype, 1 if "chunk" in knobs else None), knobs)
-    assert rule.name == ("attention_decode" if "chunk" in knobs else "attention")
-    rng = np.random.default_rng(pos + T)
-    q = rng.standard_normal((T, H * hd)).astype(np.float32)
-    kc = (rng.standard_normal((L, Hkv, C, hd)) * 2).astype(kv_dtype)
-    vc = rng.standard_normal((L, Hkv, C, hd)).astype(kv_dtype)
-    vc[:, :, pos + T :] = np.nan  # rows past the context must never be read
-    ts = [tvm.runtime.tensor(a) for a in (q, to_blocks(kc), vc, np.zeros((T, H * hd), np.float32))]
-    build(f)["attention"](ts[0], ts[1], ts[2], pos, 1, ts[3])
-    ref = _attention_ref(q, kc, vc, 1, pos, H, Hkv, hd)
-    # outputs are averages of |V| <= ~4 over up to 4k keys: float32 accumulation stays well under 1e-5
-    assert np.abs(ts[3].numpy() - ref).max() <= 1e-5
-
-
 def _rope_ref(x, positions, base, rope_dim, neox):
     half = rope_dim // 2
     inv = base ** (-np.arange(half) * 2.0 / rope_dim)
@@ -160,36 +103,38 @@ def test_rope_kv_append(neox, rope_dim):
     """The fused kernel: rotated q out, rotated k and raw v written into the cache at pos..pos+T-1."""
     import tvm
 
-    H, Hkv, hd, L, C, T, pos, layer = 4, 2, 64, 3, 64, 5, 17, 2
+    H, Hkv, hd, L, C, T, pos, layer = 4, 2, 64, 3, 128, 5, 61, 2  # positions 61..65 straddle a block boundary
     W = (H + 2 * Hkv) * hd
-    cache_t = TensorType((L, Hkv, "C", hd), "float32")
+    plan = KVPlan.uniform(L, Hkv, hd, KVType.F32, KVType.F32, max_chunk=64)
+    cache_t = TensorType((L, Hkv, "C", hd), "float16")
     req = KernelRequest(
         OpKind.ROPE_KV_APPEND,
         None,
         (cache_t, TensorType(("T", W))),
         (None, None),
         (TensorType(("T", H * hd)), cache_t),
-        attrs=(("n_heads", H), ("n_kv_heads", Hkv), ("neox", neox), ("rope_dim", rope_dim)),
+        attrs=tuple(sorted((("n_heads", H), ("n_kv_heads", Hkv), ("neox", neox), ("rope_dim", rope_dim), *cache_attrs(plan, layer)))),
     )
     _, f = build_request(req)
     rng = np.random.default_rng(5)
     qkv = rng.standard_normal((T, W)).astype(np.float32)
     tab = _table(C, 10000.0, rope_dim)
-    kc, vc = np.zeros((L, Hkv, C, hd), np.float32), np.zeros((L, Hkv, C, hd), np.float32)
-    ts = [tvm.runtime.tensor(a) for a in (to_blocks(kc), vc, qkv, tab, np.zeros((T, H * hd), np.float32))]
-    build(f)["rope_kv_append"](ts[0], ts[1], ts[2], ts[3], pos, layer, ts[4])
+    state = [tvm.runtime.tensor(a) for a in empty_state(plan, C)]
+    ts = [tvm.runtime.tensor(a) for a in (qkv, tab, np.zeros((T, H * hd), np.float32))]
+    build(f)["rope_kv_append"](*layer_args(plan, layer, state), ts[0], ts[1], pos, layer, layer, layer, ts[2])
     positions = np.arange(pos, pos + T, dtype=np.float64)
     q_ref = _rope_ref(qkv[:, : H * hd].reshape(T, H, hd), positions, 10000.0, rope_dim, neox).reshape(T, -1)
     k_ref = _rope_ref(qkv[:, H * hd : (H + Hkv) * hd].reshape(T, Hkv, hd), positions, 10000.0, rope_dim, neox)
     v_ref = qkv[:, (H + Hkv) * hd :].reshape(T, Hkv, hd)
-    assert np.abs(ts[4].numpy() - q_ref).max() < 1e-5
-    k_out, v_out = from_blocks(ts[0].numpy()), ts[1].numpy()
-    assert np.abs(k_out[layer, :, pos : pos + T].transpose(1, 0, 2) - k_ref).max() < 1e-5
-    np.testing.assert_array_equal(v_out[layer, :, pos : pos + T].transpose(1, 0, 2), v_ref)
-    # nothing else was written
-    k_out[layer, :, pos : pos + T] = 0
-    v_out[layer, :, pos : pos + T] = 0
-    assert not k_out.any() and not v_out.any()
+    assert np.abs(ts[2].numpy() - q_ref).max() < 1e-5
+    st = [t.numpy() for t in state]
+    k_out, v_out = ring_tokens(plan, st, layer, range(pos, pos + T))
+    assert np.abs(k_out - k_ref).max() < 1e-5
+    np.testing.assert_array_equal(v_out, v_ref)
+    # the completed block 0 (positions 0..63) aged into the store; nothing else in the ring was written
+    np.testing.assert_array_equal(st[2][layer, :, 0, 3, :, 13:16], st[0][layer, :, 0, 3, :, 13:16])
+    clear_ring_tokens(plan, st, layer, range(pos, pos + T))
+    assert np.isnan(st[0]).all() and np.isnan(st[1]).all()
 
 
 @pytest.mark.parametrize("neox", [False, True])
@@ -209,20 +154,22 @@ def test_rope_and_kv_append_unfused(neox):
     ref = _rope_ref(x[:, Hkv * hd : 2 * Hkv * hd].reshape(T, Hkv, hd), np.arange(pos, pos + T, dtype=np.float64), 500.0, hd, neox)
     assert np.abs(ts[2].numpy() - ref.reshape(T, -1)).max() < 1e-5
 
+    plan = KVPlan.uniform(L, Hkv, hd, KVType.F16, KVType.F16, max_chunk=64)
     cache_t = TensorType((L, Hkv, "C", hd), "float16")
     kv_req = KernelRequest(
-        OpKind.KV_APPEND, None, (cache_t, TensorType(("T", Hkv * hd)), TensorType(("T", x.shape[1]))), (None, None, (2 * Hkv * hd, 3 * Hkv * hd)), (cache_t,)
+        OpKind.KV_APPEND, None, (cache_t, TensorType(("T", Hkv * hd)), TensorType(("T", x.shape[1]))),
+        (None, None, (2 * Hkv * hd, 3 * Hkv * hd)), (cache_t,), attrs=cache_attrs(plan, 1),
     )
     _, f = build_request(kv_req)
     k = ts[2].numpy()
-    kc, vc = np.zeros((L, Hkv, C, hd), np.float16), np.zeros((L, Hkv, C, hd), np.float16)
-    tk = [tvm.runtime.tensor(a) for a in (to_blocks(kc), vc, k, x)]
-    build(f)["kv_append"](tk[0], tk[1], tk[2], tk[3], pos, 1)
-    k_out = from_blocks(tk[0].numpy())
-    np.testing.assert_array_equal(k_out[1, :, pos : pos + T].transpose(1, 0, 2), k.reshape(T, Hkv, hd).astype(np.float16))
-    np.testing.assert_array_equal(
-        tk[1].numpy()[1, :, pos : pos + T].transpose(1, 0, 2), x[:, 2 * Hkv * hd :].reshape(T, Hkv, hd).astype(np.float16)
-    )
+    state = [tvm.runtime.tensor(a) for a in empty_state(plan, C)]
+    build(f)["kv_append"](*layer_args(plan, 1, state), tvm.runtime.tensor(k), tvm.runtime.tensor(x), pos, 1, 1, 1)
+    st = [t.numpy() for t in state]
+    k_out, v_out = ring_tokens(plan, st, 1, range(pos, pos + T))
+    np.testing.assert_array_equal(k_out, k.reshape(T, Hkv, hd).astype(np.float16))
+    np.testing.assert_array_equal(v_out, x[:, 2 * Hkv * hd :].reshape(T, Hkv, hd).astype(np.float16))
+    clear_ring_tokens(plan, st, 1, range(pos, pos + T))
+    assert np.isnan(st[0]).all() and np.isnan(st[1]).all()
 
 
 def test_rowwise_kernels():

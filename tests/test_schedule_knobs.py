@@ -8,7 +8,12 @@ from kernels import PRESET, TARGET, build_request, matmul_request
 import tvm
 from ellm.compiler.graph import OpKind, TensorType
 from ellm.quant import QuantType
+from ellm.kv.plan import KVPlan, KVType
 from ellm.schedules import RULES, KernelRequest, select_rule
+from kvcache import cache_attrs
+
+PLAN = KVPlan.uniform(2, 2, 64, KVType.Q8, KVType.Q4, max_chunk=256)
+
 
 def _attention(m):
     return KernelRequest(
@@ -17,7 +22,7 @@ def _attention(m):
         (TensorType(("T", 256)), TensorType((2, 2, "C", 64), "float16")),
         (None, None),
         (TensorType(("T", 256)),),
-        attrs=(("n_heads", 4),),
+        attrs=tuple(sorted((("n_heads", 4), *cache_attrs(PLAN, 0)))),
     )
 
 
@@ -35,8 +40,8 @@ REQUESTS = {
     "attention_input": KernelRequest(
         OpKind.ATTN_INPUT, None, (TensorType((2, 2, "C", 64), "float16"), TensorType(("T", 256))), (None, None),
         (TensorType(("T", 256)), TensorType((2, 2, "C", 64), "float16")), QuantType.Q4_1, (512, 256), ("norm",),
-        (("act_bits", 16), ("layout", "tile16"), ("n_heads", 4), ("n_kv_heads", 2), ("neox", False), ("norm_eps", 1e-5),
-         ("rope_dim", 64)),
+        tuple(sorted((("act_bits", 16), ("layout", "tile16"), ("n_heads", 4), ("n_kv_heads", 2), ("neox", False),
+                      ("norm_eps", 1e-5), ("rope_dim", 64), *cache_attrs(PLAN, 0)))),
     ),
     "rmsnorm": KernelRequest(OpKind.RMSNORM, None, (TensorType(("T", 512)),), (None,), (TensorType(("T", 512)),), attrs=(("eps", 1e-5),)),
     "silu_mul": KernelRequest(OpKind.SILU_MUL, None, (TensorType(("T", 512)),) * 2, (None, None), (TensorType(("T", 512)),)),
@@ -71,3 +76,13 @@ def test_unknown_knob_is_rejected():
     rule = select_rule(REQUESTS["gemv"], PRESET)
     with pytest.raises(ValueError, match="no knob"):
         rule.resolve_knobs(REQUESTS["gemv"], PRESET, {"tile_q": 3})
+
+
+def test_quantised_keys_score_with_vpdpbusd():
+    """Decode attention over q8 keys: the 16 scores of a tile come from vpdpbusd (twice: the int8 halves of
+    the 16-bit query) on key codes transposed by vpermb (4 channels of a key per 32-bit lane); with the knob
+    off, from float FMAs only."""
+    rule = select_rule(REQUESTS["attention_decode"], PRESET)
+    asm = _asm(rule, {})
+    assert "vpdpbusd" in asm and "vpermb" in asm
+    assert "vpdpbusd" not in _asm(rule, {"int_scores": 0})

@@ -50,11 +50,11 @@ def test_cpuinfo_parsing(tmp_path):
 
 def test_generic_v3_artifact_uses_no_avx512_and_runs_here(tmp_path):
     path = write_model(tmp_path / "m.gguf")
-    v3 = compile_model(path, tmp_path / "v3", CompileOptions(target="x86-64-v3", kv_dtype="float32")).path
+    v3 = compile_model(path, tmp_path / "v3", CompileOptions(target="x86-64-v3", cache_type_k="f32", cache_type_v="f32")).path
     asm = _asm_of(v3)
     assert "ymm" in asm and "zmm" not in asm
     if "avx512f" in host_cpuinfo_flags():
-        native = compile_model(path, tmp_path / "z4", CompileOptions(target="znver4", kv_dtype="float32")).path
+        native = compile_model(path, tmp_path / "z4", CompileOptions(target="znver4", cache_type_k="f32", cache_type_v="f32")).path
         assert "zmm" in _asm_of(native)
         ids = list(range(5, 30))
         a = ellm.load(v3, threads=2).logits(ids)

@@ -23,6 +23,7 @@ from ..config import ModelConfig
 from ..models import resolve_model
 from ..schedules import KernelRequest, rule_by_name
 from ..targets import TargetPreset, detect_host, resolve_target
+from ..kv.plan import KVPlan
 from .database import TuningDatabase, TuningRecord
 
 
@@ -37,7 +38,9 @@ def _inputs(func, req: KernelRequest, wl: Workload, rng) -> list:
     import tvm
 
     m = req.m if req.m is not None else wl.tokens
-    sizes = {"T": m, "n": m, "C": wl.ctx, "CB": -(-wl.ctx // 16)}  # CB: K cache blocks of 16 keys
+    key = req.attr("kv_plan")
+    block = KVPlan.from_key(key).block if key else 64
+    sizes = {"T": m, "n": m, "C": wl.ctx, "NB": -(-wl.ctx // block)}  # NB: KV cache blocks
     args = []
     for p in func.params:
         if not isinstance(p.ty, tvm.ir.PrimType):  # a buffer parameter
@@ -52,7 +55,7 @@ def _inputs(func, req: KernelRequest, wl: Workload, rng) -> list:
                 arr = rng.integers(0, 256, nbytes, dtype=np.uint8).view(dtype).reshape(shape)
             args.append(tvm.runtime.tensor(arr))
         else:
-            args.append({"pos": wl.ctx - m, "layer": 0}[str(p.name)])
+            args.append({"pos": wl.ctx - m, "layer": 0, "kslot": 0, "vslot": 0}[str(p.name)])
     return args
 
 

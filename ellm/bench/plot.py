@@ -27,7 +27,8 @@ def plot_report(report: dict, path: str | Path) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("decode tokens/s")
-    ax.set_title(f"{report['model']}, {report['threads']} threads, {report['kv_cache']} KV cache")
+    ax.set_title(f"{report['model']}, {report['threads']} threads\neLLM: {report.get('attention', '')}, {report['kv_cache']}",
+                 fontsize=8)
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import EllmError
+from ..kv.attention import AttentionConfig
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class BenchConfig:
     rounds: int = 2
     threads: int = os.cpu_count() or 1
     vs_llama_cpp: bool = False
+    attention: AttentionConfig = AttentionConfig()
+    rope_scaling: tuple[str, float] | None = None  # (kind, factor), for contexts past the trained one
 
 
 def ensure_llama_cpp(log: Callable[[str], None]) -> None:
@@ -53,24 +56,42 @@ def _worker(system: str, cfg: BenchConfig, ctx: int) -> dict:
     if system != "bandwidth":
         cmd += ["--model", str(cfg.model), "--ctx", str(ctx), "--gen", str(cfg.gen), "--warmup", str(cfg.warmup),
                 "--repeat", str(cfg.repeat)]
+    if system != "bandwidth" and cfg.rope_scaling is not None:
+        cmd += ["--rope-scaling", cfg.rope_scaling[0], "--rope-scale", repr(cfg.rope_scaling[1])]
     if system == "ellm":
-        cmd += ["--artifact", str(cfg.artifact)]
+        from ..cli import attention_argv
+
+        cmd += ["--artifact", str(cfg.artifact), *attention_argv(cfg.attention)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise EllmError(f"{system} benchmark at context {ctx} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
     return json.loads(proc.stdout)
 
 
-def decode_bytes_per_token(manifest: dict, ctx: int, gen: int) -> int:
-    """Weights read by one decode step plus the KV cache it attends over (mean context of the timed steps)."""
-    cfg = manifest["config"]
+def decode_bytes_per_token(manifest: dict, ctx: int, gen: int, attention: AttentionConfig | None = None) -> int:
+    """Weights read by one decode step plus the KV it attends over, at the mean context of the timed steps:
+    with `attention`, the keys and values the artifact's plan stores for the blocks it reads and the key
+    summaries it ranks; without, llama.cpp's F16 cache over the whole context."""
+    from ..kv.plan import KVPlan
+
     weights = manifest["decode_weight_bytes"]
-    kv_item = {"float16": 2, "float32": 4}[manifest["kv_cache"]["dtype"]]
-    mean_ctx = ctx + gen / 2
-    return int(weights + 2 * cfg["n_layers"] * cfg["n_kv_heads"] * cfg["head_dim"] * kv_item * mean_ctx)
+    n_ctx = int(ctx + gen / 2)
+    if attention is None:
+        return int(weights + f16_kv_bytes_per_token(manifest) * n_ctx)
+    plan = KVPlan.from_dict(manifest["kv_cache"])
+    keys, candidates = attention.blocks_read(n_ctx, plan.block, plan.recent)
+    summary = 2 * plan.head_dim * 2 * plan.n_kv_heads * plan.n_layers  # (min, scale) or (min, max), f16
+    return int(weights + plan.bytes_per_token() * keys + summary * candidates)
+
+
+def f16_kv_bytes_per_token(manifest: dict) -> int:
+    """llama.cpp's F16 cache: K and V of every layer and KV head."""
+    cfg = manifest["config"]
+    return 2 * cfg["n_layers"] * cfg["n_kv_heads"] * cfg["head_dim"] * 2
 
 
 def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> dict:
+    from ..kv.plan import KVPlan
     from ..runtime.artifact import Artifact
 
     manifest = Artifact.open(cfg.artifact).manifest
@@ -79,7 +100,9 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> 
         ensure_llama_cpp(log)
     rows = []
     for ctx in cfg.ctxs:
-        nbytes = decode_bytes_per_token(manifest, ctx, cfg.gen)
+        # what each system's decode step must read: eLLM's cache per its plan, llama.cpp's in F16
+        nbytes_of = {"ellm": decode_bytes_per_token(manifest, ctx, cfg.gen, cfg.attention),
+                     "llama.cpp": decode_bytes_per_token(manifest, ctx, cfg.gen)}
         runs: dict[str, list[dict]] = {s: [] for s in systems}
         for r in range(cfg.rounds):
             for s in systems:  # alternate A, B, A, B: both see the same drift of a shared machine
@@ -88,9 +111,11 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> 
                 run["bandwidth_gb_s"] = bw
                 runs[s].append(run)
                 rate = statistics.median(run["decode_tok_s"])
+                nbytes = nbytes_of[s]
                 log(f"context {ctx} round {r + 1} {s:9s} decode {rate:7.1f} tok/s, bandwidth {bw:5.1f} GB/s "
                     f"({100 * rate * nbytes / 1e9 / bw:.0f}%)")
         for s in systems:
+            nbytes = nbytes_of[s]
             rates = [x for run in runs[s] for x in run["decode_tok_s"]]
             med = statistics.median(rates)
             prefill = [ctx / run["prefill_s"] for run in runs[s]]
@@ -128,7 +153,10 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> 
         "warmup": cfg.warmup,
         "repeat": cfg.repeat,
         "rounds": cfg.rounds,
-        "kv_cache": manifest["kv_cache"]["dtype"],
+        "kv_cache": KVPlan.from_dict(manifest["kv_cache"]).describe(),
+        "kv_plan": {"k": manifest["kv_cache"]["k"], "v": manifest["kv_cache"]["v"], "block": manifest["kv_cache"]["block"]},
+        "attention": cfg.attention.describe(),
+        "rope_scaling": list(cfg.rope_scaling) if cfg.rope_scaling else None,
         "rows": rows,
         "ratios": ratios,
     }
@@ -136,7 +164,8 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> 
 
 def format_table(report: dict) -> str:
     lines = [
-        f"{report['model']}, {report['threads']} threads, KV {report['kv_cache']}, decode {report['gen']} tokens "
+        f"{report['model']}, {report['threads']} threads, eLLM: {report['attention']}, {report['kv_cache']}; "
+        f"decode {report['gen']} tokens "
         f"x {report['repeat']} repeats x {report['rounds']} rounds (median [min-max])",
         f"{'ctx':>6} {'system':10} {'prefill tok/s':>14} {'decode tok/s':>22} {'MB/token':>9} {'GB/s':>6} "
         f"{'% of BW':>8} {'BW GB/s':>8}",

@@ -34,7 +34,10 @@ def run_ellm(a) -> dict:
 
     import ellm
 
-    eng = ellm.load(a.artifact, threads=a.threads, ctx_size=a.ctx + a.gen + a.warmup + 16)
+    from ellm.cli import attention_option, rope_scaling_option
+
+    eng = ellm.load(a.artifact, threads=a.threads, ctx_size=a.ctx + a.gen + a.warmup + 16,
+                    rope_scaling=rope_scaling_option(a), attention=attention_option(a))
     ids = real_tokens(eng.tokenizer.encode, a.ctx)
     eng.prefill(ids[: min(256, a.ctx)])  # warm-up: page in weights and code
     eng.reset()
@@ -63,9 +66,15 @@ def run_llama_cpp(a) -> dict:
 
     tok = Tokenizer.from_gguf(GGUFFile(a.model))  # the same token ids eLLM runs
     n_ctx = a.ctx + a.gen + a.warmup + 16
+    rope = {}
+    if a.rope_scaling in ("linear", "yarn"):  # llama.cpp's own RoPE scaling, as eLLM runs it
+        import llama_cpp
+
+        kind = llama_cpp.LLAMA_ROPE_SCALING_TYPE_YARN if a.rope_scaling == "yarn" else llama_cpp.LLAMA_ROPE_SCALING_TYPE_LINEAR
+        rope = {"rope_scaling_type": kind, "rope_freq_scale": 1.0 / a.rope_scale}
     llm = Llama(
         a.model, n_ctx=n_ctx, n_threads=a.threads, n_threads_batch=a.threads, n_batch=512,
-        flash_attn=a.flash_attn, verbose=False,
+        flash_attn=a.flash_attn, verbose=False, **rope,
     )
     n_vocab = llm.n_vocab()
 
@@ -112,6 +121,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--no-flash-attn", dest="flash_attn", action="store_false")
+    from ellm.cli import add_attention_args, add_rope_scaling_args
+
+    add_rope_scaling_args(ap)
+    add_attention_args(ap)
     a = ap.parse_args()
     out = {"ellm": run_ellm, "llama.cpp": run_llama_cpp, "bandwidth": run_bandwidth}[a.system](a)
     out.update(system=a.system, ctx=a.ctx, threads=a.threads)

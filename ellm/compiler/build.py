@@ -18,18 +18,22 @@ from ..targets import TargetPreset, compute_features, resolve_target
 from .artifact import write_manifest, write_weights
 from .gguf_file import GGUFFile
 from .graph import Graph
-from .import_llama import KV_DTYPES, import_llama
+from ..kv.plan import KVPlan, parse_kv_type
+from .import_llama import import_llama
 from .inspect import decode_weight_bytes
-from .lower import ENTRIES, KV_K_BLOCK, lower
+from .lower import ENTRIES, lower
 from .pack_weights import pack_params
-from .pass_context import ACTIVATIONS, PassContext
-from .pipeline import enabled_passes, pass_names, run_pipeline
+from .pass_context import ACTIVATIONS, KVOptions, PassContext
+from .pipeline import REQUIRED, enabled_passes, pass_names, run_pipeline
 
 
 @dataclass(frozen=True)
 class CompileOptions:
     target: str = "auto"  # a preset name or "auto"
-    kv_dtype: str = "float16"
+    cache_type_k: str = "auto"  # f32 | f16 | q8_0 | q4_0 | auto (kv/plan.py KV_TYPE_CHOICES; auto: KVPlan.auto)
+    cache_type_v: str = "auto"
+    kv_block: int = 64  # tokens per KV block
+    kv_recent: int = 2  # blocks a query reads at float16 (the current one included) before the store's precision
     disable_passes: tuple[str, ...] = ()
     enable_passes: tuple[str, ...] = ()  # opt-in passes (pipeline.OPT_IN)
     tuning_db: Path | None = None
@@ -42,8 +46,10 @@ class CompileOptions:
             raise EllmError(f"activations must be auto, {', '.join(ACTIVATIONS)}; got {self.activations!r}")
         if not 1 <= self.max_chunk <= 65536:
             raise EllmError(f"max_chunk must be between 1 and 65536, got {self.max_chunk}")
-        if self.kv_dtype not in KV_DTYPES:
-            raise EllmError(f"unsupported KV cache type {self.kv_dtype!r} (supported: {', '.join(KV_DTYPES)})")
+        for t in (self.cache_type_k, self.cache_type_v):
+            parse_kv_type(t)
+        if REQUIRED & set(self.disable_passes):
+            raise EllmError(f"pass(es) {sorted(REQUIRED & set(self.disable_passes))} cannot be disabled")
         unknown = (set(self.disable_passes) | set(self.enable_passes)) - set(pass_names())
         if unknown:
             raise EllmError(f"unknown pass(es) {sorted(unknown)}; passes are: {', '.join(pass_names())}")
@@ -64,12 +70,14 @@ def pass_context(options: CompileOptions, preset: TargetPreset) -> PassContext:
         activations = "int16" if preset.vnni else "f32"
     elif activations != "f32" and not preset.vnni:
         raise EllmError(f"{activations} activations need AVX-512 VNNI, which target {preset.name} lacks")
-    return PassContext(preset, activations)
+    kv = KVOptions(parse_kv_type(options.cache_type_k), parse_kv_type(options.cache_type_v), options.kv_block,
+                   options.kv_recent, options.max_chunk)
+    return PassContext(preset, activations, kv)
 
 
 def build_graph(gf: GGUFFile, cfg: ModelConfig, options: CompileOptions, preset: TargetPreset) -> tuple[Graph, Graph]:
     """(imported graph, optimised graph)."""
-    g0 = import_llama(gf, cfg, options.kv_dtype)
+    g0 = import_llama(gf, cfg)
     return g0, run_pipeline(g0, pass_context(options, preset), disable=options.disable_passes, enable=options.enable_passes)
 
 
@@ -129,12 +137,7 @@ def compile_model(
                 "tvm": preset.target_json(),
                 "required_cpu_features": compute_features(preset.llvm_features),
             },
-            "kv_cache": {
-                "dtype": options.kv_dtype,
-                "k_block": KV_K_BLOCK,
-                "k_layout": "[n_layers, n_kv_heads, ctx/k_block, head_dim, k_block]",
-                "v_layout": "[n_layers, n_kv_heads, ctx, head_dim]",
-            },
+            "kv_cache": KVPlan.from_key(g.op("kv_cache").attr("kv_plan")).to_dict(),
             "activations": pass_context(options, preset).activations,
             "prefetch": options.prefetch,
             "entries": [{"name": e.name, "tokens": e.m, "logits": "last" if e.last_only else "all"} for e in ENTRIES],

@@ -7,9 +7,6 @@ from ..errors import GGUFError
 from .gguf_file import GGUFFile
 from .graph import T, Graph, Op, OpKind, TensorType, Use, VectorRef, WeightRef, attrs
 
-KV_DTYPES = ("float16", "float32")
-
-
 def _weight(gf: GGUFFile, name: str, rows: int, cols: int) -> WeightRef:
     info = gf.info(name)
     if (info.rows, info.cols) != (rows, cols) or info.ndim != 2:
@@ -25,13 +22,13 @@ def _vector(gf: GGUFFile, name: str, size: int) -> VectorRef:
     return VectorRef(name, size, (name,))
 
 
-def import_llama(gf: GGUFFile, cfg: ModelConfig, kv_dtype: str = "float16") -> Graph:
-    if kv_dtype not in KV_DTYPES:
-        raise ValueError(f"kv_dtype must be one of {KV_DTYPES}")
+def import_llama(gf: GGUFFile, cfg: ModelConfig) -> Graph:
     g = Graph()
     D, H, Hkv, hd = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     act = lambda width: TensorType((T, width))  # noqa: E731  [T, width] float32 activations
-    cache_t = TensorType((cfg.n_layers, Hkv, "C", hd), kv_dtype)  # [n_layers, n_kv_heads, ctx, head_dim]
+    # the cache's logical type [n_layers, n_kv_heads, ctx, head_dim]; its storage (blocks, tiers,
+    # precision per layer) is decided by the plan_kv_cache pass
+    cache_t = TensorType((cfg.n_layers, Hkv, "C", hd), "float16")
 
     g.add("tokens", Op(OpKind.INPUT, (TensorType((T,), "int32"),)))
     cache = g.add("kv_cache", Op(OpKind.INPUT, (cache_t,)))

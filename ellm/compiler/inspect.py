@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
-import numpy as np
 
 from ..config import ModelConfig
 from ..models import resolve_model
@@ -48,13 +47,18 @@ def decode_weight_bytes(g: Graph) -> int:
     return total + sum(4 * v.size for v in g.vector_params())
 
 
-def inspect_model(model, kv_type: str = "float16", as_json: bool = False) -> str:
+def inspect_model(model, cache_type_k: str = "auto", cache_type_v: str = "auto", as_json: bool = False) -> str:
+    from ..kv.plan import KVPlan, parse_kv_type
+    from .pass_context import KVOptions
+
     path = resolve_model(model)
     gf = GGUFFile(path)
     cfg = ModelConfig.from_gguf(gf)
-    g0 = import_llama(gf, cfg, kv_type)
-    g = run_pipeline(g0, PassContext(resolve_target("auto")))
-    kv_item = np.dtype(kv_type).itemsize
+    g0 = import_llama(gf, cfg)
+    kv_opts = KVOptions(parse_kv_type(cache_type_k), parse_kv_type(cache_type_v))
+    g = run_pipeline(g0, PassContext(resolve_target("auto"), kv=kv_opts))
+    plan = KVPlan.from_key(g.op("kv_cache").attr("kv_plan"))
+    kv_desc = f"{plan.describe()}, blocks of {plan.block}"
     info = {
         "model": path.name,
         "config": cfg.to_dict(),
@@ -63,8 +67,9 @@ def inspect_model(model, kv_type: str = "float16", as_json: bool = False) -> str
         "passes": enabled_passes(),
         "weights": weight_bytes_by_type(g),
         "decode_weight_bytes_per_token": decode_weight_bytes(g),
-        "kv_dtype": kv_type,
-        "kv_bytes_per_token": cfg.kv_bytes_per_token(kv_item),
+        "kv_cache": kv_desc,
+        "kv_bytes_per_token": plan.bytes_per_token(),
+        "kv_bytes_per_token_f16": cfg.kv_bytes_per_token(2),
     }
     if as_json:
         return json.dumps(info, indent=1)
@@ -87,7 +92,7 @@ def inspect_model(model, kv_type: str = "float16", as_json: bool = False) -> str
     lines.append(f"decode  weight bytes read per token: {info['decode_weight_bytes_per_token']:,d}")
     kvb = info["kv_bytes_per_token"]
     lines.append(
-        f"KV      {kv_type}: {kvb:,d} bytes per token ({kvb * 512 / 1e6:.1f} MB at 512, "
-        f"{kvb * cfg.ctx_train / 1e6:.1f} MB at {cfg.ctx_train} tokens)"
+        f"KV      {kv_desc}: {kvb:,.0f} bytes per token ({100 * kvb / info['kv_bytes_per_token_f16']:.1f}% of float16; "
+        f"{plan.nbytes(512) / 1e6:.1f} MB at 512, {plan.nbytes(cfg.ctx_train) / 1e6:.1f} MB at {cfg.ctx_train} tokens)"
     )
     return "\n".join(lines)

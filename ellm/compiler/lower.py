@@ -11,10 +11,10 @@ from tvm import relax, tirx
 from ..quant import FORMATS
 from ..quant.tiled import TILED_COMPONENTS
 from ..schedules import KernelRequest, select_rule
-from ..schedules.attention import KB as KV_K_BLOCK
+from ..kv.plan import KVPlan
 from ..schedules.inject_prefetch import inject_prefetch
 from ..targets import TargetPreset
-from .graph import Graph, Op, OpKind, TensorType, Use, WeightRef
+from .graph import Graph, Op, OpKind, TensorType, WeightRef
 
 
 @dataclass(frozen=True)
@@ -90,13 +90,9 @@ def param_specs(g: Graph) -> list[ParamSpec]:
     return specs
 
 
-def kv_types(cache_t: TensorType, C) -> tuple[relax.TensorType, relax.TensorType]:
-    """K: [n_layers, n_kv_heads, ctx/16, head_dim, 16] (keys transposed in blocks), V: [n_layers, n_kv_heads, ctx, head_dim]."""
-    L, Hkv, _, hd = (int(d) if d != "C" else d for d in cache_t.shape)
-    return (
-        relax.TensorType([L, Hkv, tirx.Var("CB", "int64"), hd, KV_K_BLOCK], cache_t.dtype),
-        relax.TensorType([L, Hkv, C, hd], cache_t.dtype),
-    )
+def kv_state_types(plan: KVPlan, NB) -> list[relax.TensorType]:
+    """Relax types of the KV state tuple (kv/plan.py), with `NB` the symbolic number of blocks."""
+    return [relax.TensorType([NB if d == "NB" else int(d) for d in s.shape], s.dtype) for s in plan.state_tensors()]
 
 
 def _rtype(t: TensorType, T, C) -> relax.TensorType:
@@ -113,6 +109,8 @@ class _Lowering:
         self.params = param_specs(g)
         self.param_index = {p.name: i for i, p in enumerate(self.params)}
         self.kernels: dict[tuple, tuple[Any, KernelInfo]] = {}
+        self.plan = KVPlan.from_key(g.op("kv_cache").attr("kv_plan"))
+        self.kv_index = {s.name: i for i, s in enumerate(self.plan.state_tensors())}
 
     # --- kernels --------------------------------------------------------------------------
     def kernel(self, req: KernelRequest):
@@ -153,22 +151,22 @@ class _Lowering:
         bb, g = self.bb, self.g
         T = tirx.Var("T", "int64") if entry.m is None else entry.m
         C = tirx.Var("C", "int64")
-        cache_t = g.op("kv_cache").out
         tokens = relax.Var("tokens", relax.TensorType([T], "int32"))
         pos = relax.Var("pos", tvm.ir.PrimType("int64"))  # position of the first new token
         rope = relax.Var("rope", relax.TensorType([C, self._rope_dim()], "float32"))  # [ctx, cos | sin]
-        self.k_type, self.v_type = kv_types(cache_t, C)
-        kc = relax.Var("k_cache", self.k_type)
-        vc = relax.Var("v_cache", self.v_type)
+        self.kv_types = kv_state_types(self.plan, tirx.Var("NB", "int64"))
+        kv = relax.Var("kv", relax.TupleType(self.kv_types))  # the KV state, written in place
+        self.attn = relax.Var("attn", relax.TensorType([5], "float32"))  # kv/attention.py AttentionConfig
         params = relax.Var(
             "params", relax.TupleType([relax.TensorType(list(p.shape), p.dtype) for p in self.params])
         )
         # A bound on T lets the memory planner give every intermediate one fixed buffer, allocated once,
         # instead of a pooled allocation per distinct chunk length (which grows without limit).
         attrs = {"tir_var_upper_bound": {"T": self.max_chunk}} if entry.m is None else None
-        with bb.function(entry.name, [tokens, pos, rope, kc, vc, params], attrs=attrs):
+        with bb.function(entry.name, [tokens, pos, rope, kv, self.attn, params], attrs=attrs):
             with bb.dataflow():
-                env: dict[tuple[str, int], Any] = {("tokens", 0): tokens, ("kv_cache", 0): (kc, vc)}
+                state = tuple(bb.emit(relax.TupleGetItem(kv, i)) for i in range(len(self.kv_types)))
+                env: dict[tuple[str, int], Any] = {("tokens", 0): tokens, ("kv_cache", 0): state}
                 getp = lambda name: bb.emit(relax.TupleGetItem(params, self.param_index[name]))  # noqa: E731
                 for name, op in g.nodes():
                     if op.kind is OpKind.INPUT:
@@ -194,7 +192,6 @@ class _Lowering:
         gv = self.kernel(req)
         ins = [env[(u.src, u.index)] for u in op.inputs]
         outs = [_rtype(t, T if req.m is None else req.m, C) for t in op.outs]
-        layer = relax.prim_value(tirx.IntImm("int64", op.layer if op.layer is not None else 0))
         weights = [getp(f"{w.name}:{name}") for w in op.weights for name, _, _ in weight_components(w)]
         vectors = [getp(v.name) for _, v in op.vectors]
         k = op.kind
@@ -208,27 +205,50 @@ class _Lowering:
             return [bb.emit(relax.call_tir(gv, [*ins, *vectors], outs[0]))]
         if k is OpKind.ROPE:
             return [bb.emit(relax.call_tir(gv, [ins[0], rope, pos], outs[0]))]
-        if k is OpKind.KV_APPEND:
-            (kc, vc), k_in, v_in = ins
-            res = bb.emit(relax.call_tir_inplace(gv, [kc, vc, k_in, v_in, pos, layer], [0, 1], [self.k_type, self.v_type]))
-            return [(bb.emit(relax.TupleGetItem(res, 0)), bb.emit(relax.TupleGetItem(res, 1)))]
-        if k is OpKind.ROPE_KV_APPEND:
-            (kc, vc), qkv = ins
-            res = bb.emit(
-                relax.call_tir_inplace(gv, [kc, vc, qkv, rope, pos, layer], [0, 1, -1], [self.k_type, self.v_type, outs[0]])
-            )
-            cache = (bb.emit(relax.TupleGetItem(res, 0)), bb.emit(relax.TupleGetItem(res, 1)))
-            return [bb.emit(relax.TupleGetItem(res, 2)), cache]
-        if k is OpKind.ATTN_INPUT:
-            (kc, vc), x = ins
-            args = [kc, vc, x, *weights, *vectors, rope, pos, layer]
-            res = bb.emit(relax.call_tir_inplace(gv, args, [0, 1, -1], [self.k_type, self.v_type, outs[0]]))
-            cache = (bb.emit(relax.TupleGetItem(res, 0)), bb.emit(relax.TupleGetItem(res, 1)))
-            return [bb.emit(relax.TupleGetItem(res, 2)), cache]
-        if k is OpKind.ATTENTION:
-            q, (kc, vc) = ins
-            return [bb.emit(relax.call_tir(gv, [q, kc, vc, pos, layer], outs[0]))]
+        if k in (OpKind.KV_APPEND, OpKind.ROPE_KV_APPEND, OpKind.ATTN_INPUT, OpKind.ATTENTION):
+            return self.emit_cache_op(op, gv, ins, weights, vectors, outs, pos, rope)
         raise AssertionError(f"cannot lower {k}")
+
+    def emit_cache_op(self, op: Op, gv, ins, weights, vectors, outs, pos, rope) -> list:
+        """Kernels that read or write the KV state get this layer's ring and class stores, plus the layer
+        and its K/V slots; writers update the state in place (call_tir_inplace)."""
+        bb = self.bb
+        idx, kslot, vslot = _cache_op_layout(self.plan, op.layer, self.kv_index)
+        i64 = lambda v: relax.prim_value(tirx.IntImm("int64", v))  # noqa: E731
+        where = [i64(op.layer), i64(kslot), i64(vslot)]
+        k = op.kind
+        if k is OpKind.ATTENTION:
+            q, state = ins
+            return [bb.emit(relax.call_tir(gv, [q, *[state[i] for i in idx], self.attn, pos, *where], outs[0]))]
+        state = ins[0]
+        kv_args = [state[i] for i in idx]
+        kv_types = [self.kv_types[i] for i in idx]
+        n = len(kv_args)
+        if k is OpKind.KV_APPEND:
+            _, k_in, v_in = ins
+            res = bb.emit(relax.call_tir_inplace(gv, [*kv_args, k_in, v_in, pos, *where], list(range(n)), kv_types))
+            q_out = None
+        elif k is OpKind.ROPE_KV_APPEND:
+            _, qkv = ins
+            res = bb.emit(relax.call_tir_inplace(gv, [*kv_args, qkv, rope, pos, *where], [*range(n), -1], [*kv_types, outs[0]]))
+            q_out = bb.emit(relax.TupleGetItem(res, n))
+        else:  # ATTN_INPUT
+            _, x = ins
+            args = [*kv_args, x, *weights, *vectors, rope, pos, *where]
+            res = bb.emit(relax.call_tir_inplace(gv, args, [*range(n), -1], [*kv_types, outs[0]]))
+            q_out = bb.emit(relax.TupleGetItem(res, n))
+        new_state = list(state)
+        for j, i in enumerate(idx):
+            new_state[i] = bb.emit(relax.TupleGetItem(res, j))
+        return [tuple(new_state)] if q_out is None else [q_out, tuple(new_state)]
+
+
+def _cache_op_layout(plan: KVPlan, layer: int, kv_index: dict[str, int]) -> tuple[list[int], int, int]:
+    """(indices into the KV state of the buffers a kernel of this layer takes, K slot, V slot)."""
+    kt, kslot = plan.slot("k", layer)
+    vt, vslot = plan.slot("v", layer)
+    names = ["ring_k", "ring_v"] + [s.name for s in plan.store_tensors("k", kt)] + [s.name for s in plan.store_tensors("v", vt)]
+    return [kv_index[n] for n in names], kslot, vslot
 
 
 def lower(

@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from ..kv.plan import KVType
 from ..targets import TargetPreset
 
 ACTIVATIONS = ("int8", "int16", "f32")
+
+
+@dataclass(frozen=True)
+class KVOptions:
+    """What the KV-cache planning pass chooses from: K and V types, block size, recent tier, chunk bound."""
+
+    k: KVType | None = None  # None: auto (KVPlan.auto chooses per layer)
+    v: KVType | None = None
+    block: int = 64  # tokens per block
+    recent: int = 2  # blocks (the current one included) a query reads from the float16 ring
+    max_chunk: int = 256  # the most tokens one step writes (sizes the ring)
 
 
 @dataclass(frozen=True)
@@ -17,6 +29,7 @@ class PassContext:
     # Matmul activations: "int8" / "int16" quantised per 32 inputs for VNNI integer dot products
     # (int16 as two int8 halves: twice the dot products, near-float accuracy); "f32": float kernels.
     activations: str = "int16"
+    kv: KVOptions = field(default_factory=KVOptions)
 
     def __post_init__(self) -> None:
         if self.activations not in ACTIVATIONS:

@@ -15,6 +15,7 @@ from .passes import (
     fuse_rmsnorm_matmul,
     fuse_rope_kv_append,
     fuse_sibling_matmuls,
+    plan_kv_cache,
 )
 
 
@@ -48,6 +49,10 @@ PIPELINE: tuple[Phase, ...] = (
             fuse_ffn,  # gate+up, SiLU * mul, down + residual -> one kernel (integer path; opt-in, see below)
         ),
     ),
+    Phase(
+        "memory",
+        (plan_kv_cache,),  # KV block layout, per-layer K/V precision; cache ops learn their storage class
+    ),
 )
 
 
@@ -56,10 +61,17 @@ PIPELINE: tuple[Phase, ...] = (
 # prefill than three well-blocked kernels (README, "Fusions"); models whose intermediate does not fit
 # in cache may gain.
 OPT_IN = frozenset({"fuse_ffn"})
+# Passes the lowering depends on: they cannot be disabled.
+REQUIRED = frozenset({"plan_kv_cache"})
 
 
 def pass_names(pipeline: Sequence[Phase] = PIPELINE) -> list[str]:
     return [p.__name__ for phase in pipeline for p in phase.passes]
+
+
+def optional_pass_names(pipeline: Sequence[Phase] = PIPELINE) -> list[str]:
+    """The passes `--disable-pass` may switch off."""
+    return [n for n in pass_names(pipeline) if n not in REQUIRED]
 
 
 def enabled_passes(disable: Sequence[str] = (), enable: Sequence[str] = (), pipeline: Sequence[Phase] = PIPELINE) -> list[str]:
@@ -68,6 +80,8 @@ def enabled_passes(disable: Sequence[str] = (), enable: Sequence[str] = (), pipe
     unknown = (set(disable) | set(enable)) - set(known)
     if unknown:
         raise ValueError(f"unknown passes: {sorted(unknown)}; known: {known}")
+    if REQUIRED & set(disable):
+        raise ValueError(f"passes {sorted(REQUIRED & set(disable))} are required and cannot be disabled")
     return [p for p in known if p not in disable and (p not in OPT_IN or p in enable)]
 
 

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..cli import _positive_int, add_rope_scaling_args, prefill_progress, rope_scaling_option
+from ..cli import _positive_int, add_attention_args, add_rope_scaling_args, attention_option, prefill_progress, rope_scaling_option
 from ..errors import EllmError
 
 
@@ -38,6 +38,7 @@ def add_parser(sub) -> None:
         p.add_argument("--threads", type=_positive_int, default=None)
         p.add_argument("--json", action="store_true", help="print one JSON object")
         add_rope_scaling_args(p)
+        add_attention_args(p)
 
     p = esub.add_parser("passkey", help="find a pass key hidden at several depths of long filler text")
     p.add_argument("artifact", nargs="?", help="artifact directory (default: the bundled model, compiled and cached)")
@@ -61,16 +62,17 @@ def _log(s: str) -> None:
 def _engines(a: argparse.Namespace, ctx: int):
     """(engine, reference engine or None, description of both)."""
     from ..demo import cached_artifact
+    from ..kv.attention import AttentionConfig
     from ..runtime.engine import Engine
     from .reference import reference_artifact
 
     path = Path(a.artifact) if a.artifact else cached_artifact(log=_log)
     rope = rope_scaling_option(a)
-    eng = Engine.load(path, threads=a.threads, ctx_size=ctx, rope_scaling=rope)
+    eng = Engine.load(path, threads=a.threads, ctx_size=ctx, rope_scaling=rope, attention=attention_option(a))
     ref = None
     if a.against:
         ref_path = reference_artifact(path, a.model, log=_log)
-        ref = Engine.load(ref_path, threads=a.threads, ctx_size=ctx, rope_scaling=rope)
+        ref = Engine.load(ref_path, threads=a.threads, ctx_size=ctx, rope_scaling=rope, attention=AttentionConfig.dense())
     return eng, ref
 
 
@@ -144,4 +146,4 @@ def describe(eng) -> str:
     """The settings that change results: attention mode and KV precision."""
     rs = eng.config.rope_scaling
     rope = f", RoPE {rs.kind} x{rs.factor:g}" if rs.kind != "none" else ""
-    return f"attention dense, KV {eng.artifact.kv_dtype}{rope}"
+    return f"{eng.attention.describe()}, {eng.kv_plan.describe()}{rope}"

@@ -12,7 +12,10 @@ from ..runtime.artifact import Artifact
 
 
 def is_reference(art: Artifact) -> bool:
-    return art.kv_dtype == "float16"
+    from ..kv.plan import KVType
+
+    plan = art.kv_plan
+    return set(plan.k) == set(plan.v) == {KVType.F16}
 
 
 def reference_artifact(path: Path, model: str | None, log=print) -> Path:
@@ -36,5 +39,5 @@ def reference_artifact(path: Path, model: str | None, log=print) -> Path:
     except EllmError:
         pass
     log(f"compiling the dense float16-KV reference into {out} (once) ...")
-    compile_model(gguf, out, CompileOptions(target=preset, kv_dtype="float16"), force=True, log=log)
+    compile_model(gguf, out, CompileOptions(target=preset, cache_type_k="f16", cache_type_v="f16"), force=True, log=log)
     return out

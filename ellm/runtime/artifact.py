@@ -97,8 +97,11 @@ class Artifact:
 
     # --- contents ---------------------------------------------------------------------------
     @property
-    def kv_dtype(self) -> str:
-        return self.manifest["kv_cache"]["dtype"]
+    def kv_plan(self):
+        """The KV cache plan (kv/plan.py) the kernels were compiled for."""
+        from ..kv.plan import KVPlan
+
+        return KVPlan.from_dict(self.manifest["kv_cache"])
 
     def tokenizer(self) -> Tokenizer:
         return Tokenizer.load(self.path / TOKENIZER, TokenizerInfo.from_dict(self.manifest["tokenizer"]))

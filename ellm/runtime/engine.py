@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import ContextOverflowError, EllmError
+from ..kv.attention import AttentionConfig
 from .artifact import Artifact
 from .rope import rope_table
 from .sampling import sample
@@ -49,14 +50,23 @@ class GenerationStats:
 
 @dataclass
 class _Cache:
-    """Which tokens the KV tensors hold (positions 0..n-1) and how many were written by prefill steps."""
+    """Which tokens the KV state holds (positions 0..n-1), how many were written by prefill steps, and
+    which blocks the float16 ring still holds."""
 
     tokens: list[int] = field(default_factory=list)
     exact: int = 0  # leading tokens written by the prefill path: reusing them reproduces a fresh run bit for bit
+    hi_block: int = -1  # the newest block written since the last reset; the ring holds the `ring` blocks up to it
 
     def truncate(self, n: int) -> None:
         del self.tokens[n:]
         self.exact = min(self.exact, n)
+        if n == 0:
+            self.hi_block = -1
+
+    def restorable(self, n: int, block: int, recent: int, ring: int) -> bool:
+        """Whether keeping positions < n leaves a valid state: the blocks a query at n reads from the ring
+        (its own, partly written, and the recent ones before it) must not have been overwritten."""
+        return n == 0 or max(0, n // block - recent + 1) >= self.hi_block - ring + 1
 
 
 class Engine:
@@ -67,9 +77,10 @@ class Engine:
         ctx_size: int | None = None,
         prefill_chunk: int | None = None,
         rope_scaling: tuple[str, float] | None = None,
+        attention: AttentionConfig | None = None,
     ):
         """`rope_scaling`: (kind, factor) replacing the GGUF's RoPE scaling, e.g. ("yarn", 4.0) to run past
-        the trained context."""
+        the trained context. `attention`: dense or block-sparse (kv/attention.py; default: sparse)."""
         import tvm
         from tvm import relax
 
@@ -99,13 +110,17 @@ class Engine:
         self._fn = {e["name"]: self._vm[e["name"]] for e in artifact.manifest["entries"]}
         self._params = tvm.runtime.convert([tvm.runtime.from_dlpack(a) for a in artifact.map_params()])
         self._rope = tvm.runtime.tensor(rope_table(cfg, self.ctx_size))
-        # K: [n_layers, n_kv_heads, ctx/16, head_dim, 16], V: [n_layers, n_kv_heads, ctx, head_dim];
-        # only positions < len(cache.tokens) are ever read.
-        kb = int(artifact.manifest["kv_cache"]["k_block"])
-        blocks = -(-self.ctx_size // kb)
-        L, Hkv, hd = cfg.n_layers, cfg.n_kv_heads, cfg.head_dim
-        self._k = tvm.runtime.empty((L, Hkv, blocks, hd, kb), artifact.kv_dtype, tvm.cpu())
-        self._v = tvm.runtime.empty((L, Hkv, self.ctx_size, hd), artifact.kv_dtype, tvm.cpu())
+        # the KV state (kv/plan.py): the float16 ring of recent blocks and the per-class block stores
+        self.kv_plan = artifact.kv_plan
+        nb = self.kv_plan.n_blocks(self.ctx_size)
+        self._kv_tensors = [
+            tvm.runtime.empty(tuple(nb if d == "NB" else int(d) for d in s.shape), s.dtype, tvm.cpu())
+            for s in self.kv_plan.state_tensors()
+        ]
+        self._kv = tvm.runtime.convert(self._kv_tensors)
+        self.attention = attention or AttentionConfig()
+        self._attn = tvm.runtime.tensor(self.attention.as_array())
+        self._attn_dense = tvm.runtime.tensor(AttentionConfig.dense().as_array())
         self._cache = _Cache()
         self.stats = GenerationStats()
 
@@ -118,18 +133,31 @@ class Engine:
     def n_cached(self) -> int:
         return len(self._cache.tokens)
 
+    def restorable(self, n: int) -> bool:
+        """Whether truncate(n) keeps the cached state (else it has to recompute positions < n)."""
+        p = self.kv_plan
+        return self._cache.restorable(n, p.block, p.recent, p.ring)
+
     def truncate(self, n: int) -> None:
-        """Forget cached tokens from position n on; the next step writes at position n."""
+        """Forget cached tokens from position n on; the next step writes at position n.
+
+        Truncating by more than the float16 ring still holds (kv/plan.py: a few blocks) recomputes the
+        kept tokens from scratch, so the result is always what a fresh run would give."""
         if not 0 <= n <= self.n_cached:
             raise ValueError(f"cannot truncate a cache of {self.n_cached} tokens to {n}")
-        self._cache.truncate(n)
+        if self.restorable(n):
+            self._cache.truncate(n)
+            return
+        keep = self._cache.tokens[:n]
+        self._cache.truncate(0)
+        self.prefill(keep)
 
     def reset(self) -> None:
         self.truncate(0)
 
     def kv_bytes(self) -> int:
-        """Bytes allocated for the K and V caches."""
-        return (int(np.prod(self._k.shape)) + int(np.prod(self._v.shape))) * np.dtype(self.artifact.kv_dtype).itemsize
+        """Bytes allocated for the KV state (ring and stores)."""
+        return sum(int(np.prod(t.shape)) * np.dtype(str(t.dtype)).itemsize for t in self._kv_tensors)
 
     # --- forward steps -----------------------------------------------------------------------
     def _check_ids(self, ids: Sequence[int]) -> np.ndarray:
@@ -138,7 +166,7 @@ class Engine:
             raise EllmError(f"token id out of range [0, {self.config.vocab_size})")
         return arr.astype(np.int32)
 
-    def _step(self, entry: str, ids: np.ndarray) -> np.ndarray:
+    def _step(self, entry: str, ids: np.ndarray, dense: bool = False) -> np.ndarray:
         """Run `ids` at the next cache positions; one VM call."""
         import tvm
 
@@ -147,21 +175,31 @@ class Engine:
             raise ContextOverflowError(
                 f"{pos + len(ids)} tokens do not fit in the context of {self.ctx_size} tokens (use --ctx-size to enlarge it)"
             )
-        out = self._fn[entry](tvm.runtime.tensor(ids), pos, self._rope, self._k, self._v, self._params)
+        attn = self._attn_dense if dense else self._attn
+        out = self._fn[entry](tvm.runtime.tensor(ids), pos, self._rope, self._kv, attn, self._params)
         self._cache.tokens.extend(int(i) for i in ids)
+        self._cache.hi_block = max(self._cache.hi_block, (pos + len(ids) - 1) // self.kv_plan.block)
         return out.numpy()
 
-    def prefill(self, ids: Sequence[int], all_logits: bool = False, progress: Callable[[int, int], None] | None = None):
-        """Append `ids` to the cache in chunks; logits of the last token [vocab] (or of all, [len, vocab])."""
+    def prefill(
+        self,
+        ids: Sequence[int],
+        all_logits: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+        dense: bool = False,
+    ):
+        """Append `ids` to the cache in chunks; logits of the last token [vocab] (or of all, [len, vocab]).
+        `dense` attends densely whatever the engine's attention setting."""
         set_threads(self.threads)
         arr = self._check_ids(ids)
         if arr.size == 0:
             raise EllmError("prefill needs at least one token")
-        exact = self._cache.exact == self.n_cached
+        # only what the engine's own setting writes may be reused by generate
+        exact = self._cache.exact == self.n_cached and (not dense or self.attention.mode == "dense")
         outs = []
         for start in range(0, len(arr), self.prefill_chunk):
             chunk = arr[start : start + self.prefill_chunk]
-            outs.append(self._step("prefill_all" if all_logits else "prefill", chunk))
+            outs.append(self._step("prefill_all" if all_logits else "prefill", chunk, dense))
             if progress:
                 progress(start + len(chunk), len(arr))
         if exact:
@@ -177,7 +215,7 @@ class Engine:
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """[len(ids), vocab] float32 logits, teacher-forced from an empty cache with dense attention."""
         self.reset()
-        return self.prefill(ids, all_logits=True)
+        return self.prefill(ids, all_logits=True, dense=True)
 
     def generate(
         self,
@@ -217,6 +255,8 @@ class Engine:
                 break
             common += 1
         reuse = min(common, arr.size - 1)  # the last prompt token always runs: its logits choose token 1
+        if not self.restorable(reuse):
+            reuse = 0  # recomputing the prefix would cost as much as starting over
         self.truncate(reuse)
         stats.reused_tokens = reuse
         logits = self.prefill(arr[reuse:], progress=progress)

@@ -1,12 +1,13 @@
-"""Causal GQA attention over the KV cache, 16 keys at a time.
+"""Causal GQA attention over the block KV cache (kv/plan.py), 16 keys at a time.
 
-K is stored transposed in blocks of 16 keys, [n_layers, n_kv_heads, ctx/16, head_dim, 16], so the
-scores of 16 keys are one vector: sum over d of q[d] * K[block, d, :], no horizontal sums. V stays
-[n_layers, n_kv_heads, ctx, head_dim]. One task serves all G query heads of a KV head (every K and V
-vector is loaded and converted once for G heads) and `queries` query tokens, with an online softmax
-per 16-key block. Single-token decode also splits the keys into chunks across threads (split-K) and
-merges the partial softmax results, so long contexts stream at memory speed on every core.
-Query t of a step sits at position pos + t and sees cache positions 0..pos+t.
+Keys are stored transposed ([hd, B] per block), so the scores of 16 keys are one vector: sum over d of
+q[d] * K[d, 16 keys], no horizontal sums. Quantised keys (per channel: min, scale) score as
+sum_d q_d min_d + sum_d (q_d scale_d) code_d; quantised values (per token: min, scale) accumulate as
+(p scale) code + p min. One task serves all G query heads of a KV head (each K and V vector is loaded
+and converted once for G heads) with an online softmax per 16 keys. Single-token decode splits the
+blocks into chunks across threads (split-K) and merges the partial softmax states, so long contexts
+stream at memory speed on every core. Query t of a step sits at position pos + t and sees positions
+0 .. pos + t; it reads block b from the float16 ring when b > (pos + t) // B - recent, else from the store.
 """
 
 from __future__ import annotations
@@ -19,20 +20,22 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script.builder import ir as I
 
 from ..compiler.graph import OpKind
+from ..kv.plan import KVPlan, KVType
 from ..targets import TargetPreset
+from .kv_blocks import F32, L, KVBuffers, k_codes_f32, k_codes_group_u8, v_codes_f32
 from .rule import KernelRequest, Knob, Rule
+from .sparse_select import block_bounds, collect_selected, top_k_threshold
 from .vecmath import exp_f32, hmax, hsum
+from .vnni import vpdpbusd
 
-KB = 16  # keys per K block = vector lanes
-F32 = f"float32x{KB}"
 NEG = -3.0e38
 
 
-def _ramp(base, n=KB):
+def _ramp(base, n=L):
     return tirx.Ramp(base, 1, n)
 
 
-def _bc(v, n=KB):
+def _bc(v, n=L):
     return tirx.Broadcast(v, n)
 
 
@@ -40,81 +43,270 @@ def _f32(v):
     return tirx.const(v, "float32")
 
 
-def cache_shapes(cache_t, k_block: int = KB):
-    """(K shape, V shape) with symbolic block count and context: see the module docstring."""
-    L, Hkv, _, hd = cache_t.shape
-    cb, c = tirx.Var("CB", "int64"), tirx.Var("C", "int64")
-    return (L, Hkv, cb, hd, k_block), (L, Hkv, c, hd)
-
-
-def cache_args(cache_t):
-    """Declare the K and V cache kernel arguments (in this order), in the layout of cache_shapes."""
-    k_shape, v_shape = cache_shapes(cache_t)
-    return I.arg("k_cache", I.buffer(k_shape, cache_t.dtype)), I.arg("v_cache", I.buffer(v_shape, cache_t.dtype))
-
-
 class _State:
-    """Online-softmax state of one (query, head): small separate stack buffers, so LLVM keeps them in
+    """Online-softmax state of one query head: small separate stack buffers, so LLVM keeps them in
     registers (TVM puts buffers over 1 KiB on the heap, where every update becomes a store)."""
 
     def __init__(self, hd: int):
         self.m = I.alloc_buffer((1,), "float32")  # running max
         self.l = I.alloc_buffer((1,), "float32")  # running sum
-        self.acc = I.alloc_buffer((hd,), "float32")  # sum_j p_j v_j
-        self.s = I.alloc_buffer((KB,), "float32")  # scores of the current block
-        self.p = I.alloc_buffer((KB,), "float32")  # their probabilities
+        self.acc = I.alloc_buffer((hd,), "float32")  # sum_j p_j v_j, less the quantised values' mins
+        self.mv = I.alloc_buffer((1,), "float32")  # sum_j p_j min_j of quantised values (every channel)
+        self.s = I.alloc_buffer((L,), "float32")  # scores of the current 16 keys
+        self.p = I.alloc_buffer((L,), "float32")  # their probabilities
+        self.hd = hd
         I.buffer_store(self.m, _f32(NEG), [0])
         I.buffer_store(self.l, _f32(0.0), [0])
-        for c in range(hd // KB):
-            I.buffer_store(self.acc, _bc(_f32(0.0)), [_ramp(c * KB)])
+        I.buffer_store(self.mv, _f32(0.0), [0])
+        for c in range(hd // L):
+            I.buffer_store(self.acc, _bc(_f32(0.0)), [_ramp(c * L)])
+
+    def fold(self) -> None:
+        """acc += the value mins' share (kept as one scalar per key instead of hd/16 vector adds)."""
+        for c in range(self.hd // L):
+            I.buffer_store(self.acc, self.acc[_ramp(c * L)] + _bc(self.mv[0]), [_ramp(c * L)])
+        I.buffer_store(self.mv, _f32(0.0), [0])
 
 
-def _attend_range(q, kc, vc, layer, kvh, queries, G: int, hd: int, b0, b1, scale: float, states) -> None:
-    """Online softmax over key blocks [b0, b1) for `queries`: list of (row t, n_ctx) sharing KV head kvh.
+class _Query:
+    """Query heads head0 .. head0+G-1 of token t, scaled by 1/sqrt(hd): qs[g * hd + d]; qk holds q times the
+    key scales of the current block (quantised K) and kc[g] = sum_d q_d min_d."""
 
-    states[i * G + g] is the _State of query i and head g.
-    """
-    nq = len(queries)
-    with I.serial(b0, b1) as b:
-        for st in states:
-            I.buffer_store(st.s, _bc(_f32(0.0)), [_ramp(0)])
-        with I.serial(0, hd) as d:
-            kv = I.Bind(tirx.Cast(F32, kc[layer, kvh, b, d, _ramp(0)]))
-            for i, (t, _) in enumerate(queries):
-                for g in range(G):
-                    st = states[i * G + g]
-                    qd = q[t, (kvh * G + g) * hd + d]
-                    I.buffer_store(st.s, st.s[_ramp(0)] + _bc(qd) * kv, [_ramp(0)])
-        n_valid = []
-        for i, (t, n_ctx) in enumerate(queries):
-            valid = _ramp(b * KB) < _bc(n_ctx)
-            n_valid.append(tirx.min(tirx.IntImm("int64", KB), n_ctx - b * KB))
+    def __init__(self, q, t, head0, G: int, hd: int, scale: float, int_scores: bool = False):
+        self.G, self.hd = G, hd
+        self.qs = I.alloc_buffer((G * hd,), "float32")
+        self.qk = I.alloc_buffer((G * hd,), "float32")
+        self.kc = I.alloc_buffer((G,), "float32")
+        if int_scores:  # qk rounded to 16 bits per head and block, qk ~ qf[g] * (256 qhi + qlo), int8 halves
+            self.qhi = I.alloc_buffer((G * hd,), "int8")
+            self.qlo = I.alloc_buffer((G * hd,), "int8")
+            self.qf = I.alloc_buffer((G,), "float32")
+            self.shi = I.alloc_buffer((G * L,), "int32")  # integer scores of 16 keys: high and low halves
+            self.slo = I.alloc_buffer((G * L,), "int32")
+        for g in range(G):
+            for c in range(hd // L):
+                I.buffer_store(self.qs, q[t, _ramp((head0 + g) * hd + c * L)] * _bc(_f32(scale)), [_ramp(g * hd + c * L)])
+
+
+def _attend_block(kv: KVBuffers, qy: _Query, layer, kslot, vslot, kvh, b, limit, ring: bool, states) -> None:
+    """Online softmax over block b (keys b*B .. b*B+B-1, those < limit) from the ring or the store."""
+    B, hd, G = kv.block, qy.hd, qy.G
+    kt = KVType.F16 if ring else kv.kt
+    vt = KVType.F16 if ring else kv.vt
+    slot = kv.ring_slot(b)
+    if not kt.is_float:  # per-block key scales and mins folded into the query
+        for g in range(G):
+            acc = _bc(_f32(0.0))
+            for c in range(hd // L):
+                mn = tirx.Cast(F32, kv.k_side[kslot, kvh, b, 0, _ramp(c * L)])
+                sc = tirx.Cast(F32, kv.k_side[kslot, kvh, b, 1, _ramp(c * L)])
+                qv = qy.qs[_ramp(g * hd + c * L)]
+                I.buffer_store(qy.qk, qv * sc, [_ramp(g * hd + c * L)])
+                acc = acc + qv * mn
+            I.buffer_store(qy.kc, hsum(acc), [g])
+    int_scores = kv.int_scores and not ring
+    if int_scores:
+        _quantise_query(qy)
+    qk = qy.qs if kt.is_float else qy.qk
+
+    def key_vec(d, sub):
+        if ring:
+            return tirx.Cast(F32, kv.ring_k[layer, kvh, slot, sub, d, _ramp(0)])
+        if kt.is_float:
+            return tirx.Cast(F32, kv.k_store[kslot, kvh, b, sub, d, _ramp(0)])
+        return k_codes_f32(kv.k_store, (kslot, kvh, b, d), kt, sub)
+
+    with I.serial(0, tirx.min(B // L, (limit - b * B + L - 1) // L)) as sub:
+        if int_scores:  # sum_d q16_d code_d exactly in int32, 4 channels per vpdpbusd and half
             for g in range(G):
-                st = states[i * G + g]
-                sc = I.Bind(tirx.Select(valid, st.s[_ramp(0)] * _bc(_f32(scale)), _bc(_f32(NEG))))
-                m_old = st.m[0]
-                m_new = I.Bind(tirx.max(m_old, hmax(sc)))
-                corr = I.Bind(exp_f32(m_old - m_new))
-                p = I.Bind(exp_f32(sc - _bc(m_new)))
-                I.buffer_store(st.p, p, [_ramp(0)])
-                I.buffer_store(st.l, st.l[0] * corr + hsum(p), [0])
-                I.buffer_store(st.m, m_new, [0])
-                for c in range(hd // KB):
-                    I.buffer_store(st.acc, st.acc[_ramp(c * KB)] * _bc(corr), [_ramp(c * KB)])
-        # V: only rows that exist (beyond n_ctx the cache holds stale or uninitialised values)
-        with I.serial(0, tirx.max(*n_valid) if nq > 1 else n_valid[0]) as jj:
-            vrow = [I.Bind(tirx.Cast(F32, vc[layer, kvh, b * KB + jj, _ramp(c * KB)])) for c in range(hd // KB)]
+                for acc in (qy.shi, qy.slo):
+                    I.buffer_store(acc, _bc(tirx.const(0, "int32")), [_ramp(g * L)])
+            with I.serial(0, hd // 4) as w:
+                codes = I.Bind(tirx.reinterpret("int8x64", k_codes_group_u8(kv.k_store, (kslot, kvh, b), kt, sub, w)))
+                for g in range(G):
+                    for acc, half in ((qy.shi, qy.qhi), (qy.slo, qy.qlo)):
+                        word = tirx.reinterpret("int32", half[tirx.Ramp(g * hd + 4 * w, 1, 4)])
+                        qb = tirx.reinterpret("int8x64", tirx.Broadcast(word, L))
+                        I.buffer_store(acc, vpdpbusd(acc[_ramp(g * L)], codes, qb), [_ramp(g * L)])
+            for g, st in enumerate(states):
+                si = (qy.shi[_ramp(g * L)] << _bc(tirx.const(8, "int32"))) + qy.slo[_ramp(g * L)]
+                I.buffer_store(st.s, _bc(qy.kc[g]) + _bc(qy.qf[g]) * tirx.Cast(F32, si), [_ramp(0)])
+        else:
+            for g, st in enumerate(states):
+                I.buffer_store(st.s, _bc(qy.kc[g]) if not kt.is_float else _bc(_f32(0.0)), [_ramp(0)])
+            with I.serial(0, hd) as d:
+                kvec = I.Bind(key_vec(d, sub))
+                for g, st in enumerate(states):
+                    I.buffer_store(st.s, st.s[_ramp(0)] + _bc(qk[g * hd + d]) * kvec, [_ramp(0)])
+        base = b * B + sub * L
+        valid = _ramp(base) < _bc(limit)
+        n_valid = I.Bind(tirx.min(tirx.IntImm("int64", L), limit - base))
+        for st in states:
+            sc = I.Bind(tirx.Select(valid, st.s[_ramp(0)], _bc(_f32(NEG))))
+            m_old = st.m[0]
+            m_new = I.Bind(tirx.max(m_old, hmax(sc)))
+            corr = I.Bind(exp_f32(m_old - m_new))
+            I.buffer_store(st.p, exp_f32(sc - _bc(m_new)), [_ramp(0)])
+            I.buffer_store(st.l, st.l[0] * corr + hsum(st.p[_ramp(0)]), [0])
+            I.buffer_store(st.m, m_new, [0])
+            if not kv.vt.is_float:  # also in ring blocks: mv may hold store blocks' share
+                I.buffer_store(st.mv, st.mv[0] * corr, [0])
+            for c in range(hd // L):
+                I.buffer_store(st.acc, st.acc[_ramp(c * L)] * _bc(corr), [_ramp(c * L)])
+        # V: only rows that exist (beyond the limit the cache holds stale or uninitialised values)
+        with I.serial(0, n_valid) as jj:
+            j = sub * L + jj
+            if ring:
+                rows = [I.Bind(tirx.Cast(F32, kv.ring_v[layer, kvh, slot, j, _ramp(c * L)])) for c in range(hd // L)]
+            elif vt.is_float:
+                rows = [I.Bind(tirx.Cast(F32, kv.v_store[vslot, kvh, b, j, _ramp(c * L)])) for c in range(hd // L)]
+            else:
+                rows = [I.Bind(v_codes_f32(kv.v_store, (vslot, kvh, b, j), vt, c, hd)) for c in range(hd // L)]
+                vmin = I.Bind(tirx.Cast("float32", kv.v_params[vslot, kvh, b, j, 0]))
+                vsc = I.Bind(tirx.Cast("float32", kv.v_params[vslot, kvh, b, j, 1]))
             for st in states:
                 pj = st.p[jj]
-                for c in range(hd // KB):
-                    a = _ramp(c * KB)
-                    I.buffer_store(st.acc, st.acc[a] + _bc(pj) * vrow[c], [a])
+                if ring or vt.is_float:
+                    w = _bc(pj)
+                else:
+                    w = _bc(pj * vsc)
+                    I.buffer_store(st.mv, st.mv[0] + pj * vmin, [0])
+                for c in range(hd // L):
+                    a = _ramp(c * L)
+                    I.buffer_store(st.acc, st.acc[a] + w * rows[c], [a])
 
 
-def build_attention(req: KernelRequest, queries: int, chunk: int):
-    """`queries` query tokens per task; `chunk` > 0 splits the keys of single-token steps into chunks."""
-    q_t, cache_t = req.in_types
-    L, Hkv, _, hd = cache_t.shape
+Q16 = 127 * 256  # |q16| <= Q16 keeps both int8 halves in [-128, 127] and every sum inside int32
+
+
+def _quantise_query(qy: _Query) -> None:
+    """q16 = round(qk / qf) with qf = max |qk| / Q16 per head, split q16 = 256 qhi + qlo into int8 halves
+    (as the integer matmuls split 16-bit activations): the scores keep float32-like precision."""
+    hd = qy.hd
+    i32 = f"int32x{L}"
+    for g in range(qy.G):
+        vecs = [qy.qk[_ramp(g * hd + c * L)] for c in range(hd // L)]
+        mx = tirx.abs(vecs[0])
+        for v in vecs[1:]:
+            mx = tirx.max(mx, tirx.abs(v))
+        amax = I.Bind(hmax(mx))
+        inv = I.Bind(tirx.Select(amax > _f32(0.0), _f32(float(Q16)) / amax, _f32(0.0)))
+        I.buffer_store(qy.qf, amax / _f32(float(Q16)), [g])
+        for c, v in enumerate(vecs):
+            q16 = I.Bind(tirx.Cast(i32, tirx.floor(v * _bc(inv) + _bc(_f32(0.5)))))
+            lo = I.Bind(((q16 + _bc(tirx.const(128, "int32"))) & _bc(tirx.const(255, "int32"))) - _bc(tirx.const(128, "int32")))
+            hi = (q16 - lo) >> _bc(tirx.const(8, "int32"))
+            I.buffer_store(qy.qlo, tirx.Cast(f"int8x{L}", lo), [_ramp(g * hd + c * L)])
+            I.buffer_store(qy.qhi, tirx.Cast(f"int8x{L}", hi), [_ramp(g * hd + c * L)])
+
+
+def _attend(kv, qy, layer, kslot, vslot, kvh, b, limit, first_ring, states) -> None:
+    """Block b for a query whose ring-precision blocks start at first_ring."""
+    with I.If(b >= first_ring):
+        with I.Then():
+            _attend_block(kv, qy, layer, kslot, vslot, kvh, b, limit, True, states)
+        with I.Else():
+            _attend_block(kv, qy, layer, kslot, vslot, kvh, b, limit, False, states)
+
+
+def _finish(out, t, kvh, G: int, hd: int, states) -> None:
+    for g, st in enumerate(states):
+        st.fold()
+        inv = I.Bind(_f32(1.0) / st.l[0])
+        for c in range(hd // L):
+            I.buffer_store(out, st.acc[_ramp(c * L)] * _bc(inv), [t, _ramp((kvh * G + g) * hd + c * L)])
+
+
+def kv_plan_of(req: KernelRequest) -> tuple[KVPlan, KVType, KVType]:
+    """The request's KV plan and this layer's K and V types (attrs set by lowering)."""
+    plan = KVPlan.from_key(req.attr("kv_plan"))
+    return plan, KVType(req.attr("kv_k")), KVType(req.attr("kv_v"))
+
+
+class _Shape:
+    """Which blocks a query at position n_ctx - 1 reads, from the run-time config
+    attn = [sinks, window, topk, widen, margin] (topk < 0: dense). Items of its read list: the sink blocks
+    [0, sb) (the first `sinks` tokens rounded up to whole blocks), the selected blocks of the candidates
+    [sb, wb), the window blocks [wb, cur]. Dense, or too few candidates to choose from: sb = 0, wb = 0."""
+
+    def __init__(self, kv: KVBuffers, attn, n_ctx):
+        B = kv.block
+        i64 = lambda x: I.Bind(tirx.Cast("int64", x))  # noqa: E731
+        zero = tirx.IntImm("int64", 0)
+        self.n_ctx = n_ctx
+        self.topk, self.widen = i64(attn[2]), i64(attn[3])
+        self.margin = attn[4]
+        window = I.Bind(tirx.max(i64(attn[1]), tirx.IntImm("int64", kv.plan.recent * B)))
+        self.cur = I.Bind((n_ctx - 1) // B)  # the query's own block
+        self.first_ring = self.cur - (kv.plan.recent - 1)
+        wb = I.Bind(tirx.max(n_ctx - window, zero) // B)  # the window's first block
+        sb = I.Bind(tirx.min((i64(attn[0]) + B - 1) // B, wb))
+        self.dense = I.Bind(_opaque(tirx.Select(tirx.any(self.topk < 0, wb - sb <= self.topk), 1, 0), "int32"))
+        self.sb = I.Bind(_opaque(tirx.Select(self.dense == 1, zero, sb)))
+        self.wb = I.Bind(_opaque(tirx.Select(self.dense == 1, zero, wb)))
+        self.n_cand = I.Bind(self.wb - self.sb)
+
+
+def _selection(kv, qy, G, kvh, kslot, sh: _Shape, bounds, bbase, sel, sbase, count):
+    """Bounds of the candidate blocks, the top-K threshold, and sel[sbase : sbase + count] in index order."""
+    block_bounds(kv, qy.qs, G, kvh, kslot, sh.sb, sh.n_cand, bounds, bbase)
+    thr = I.alloc_buffer((1,), "float32")
+    with I.If(sh.topk > 0):
+        with I.Then():
+            I.buffer_store(thr, top_k_threshold(bounds, bbase, sh.n_cand, sh.topk), [0])
+        with I.Else():
+            I.buffer_store(thr, _f32(-NEG), [0])
+    collect_selected(bounds, bbase, sh.sb, sh.n_cand, thr[0], sh.topk, sel, sbase, count)
+    return thr
+
+
+def _widen(kv, qy: _Query, layer, kslot, vslot, kvh, sh: _Shape, bounds, bbase, thr, last_sel, states) -> None:
+    """Dynamic widening for the G query heads of KV head kvh (they share blocks, as the selection does):
+    while the best unread block's bound (the largest over the G heads) is within `margin` of the lowest of
+    the heads' best scores read so far, read it too for all G heads (at most `widen` blocks), in decreasing
+    bound order."""
+    prev = I.alloc_buffer((2,), "float32")  # bound and index of the last block added
+    best = I.alloc_buffer((2,), "float32")
+    go = I.alloc_buffer((1,), "int32")
+    I.buffer_store(prev, _f32(-NEG), [0])
+    I.buffer_store(prev, _f32(-1.0), [1])
+    I.buffer_store(go, tirx.const(1, "int32"), [0])
+    with I.serial(0, sh.widen):
+        with I.If(go[0] == 1):
+            with I.Then():
+                I.buffer_store(best, _f32(NEG), [0])
+                I.buffer_store(best, _f32(-1.0), [1])
+                with I.serial(0, sh.n_cand) as b:
+                    u = bounds[bbase + b]
+                    bf = tirx.Cast("float32", sh.sb + b)
+                    selected = tirx.all(u >= thr[0], tirx.Cast("int64", last_sel) >= sh.sb + b)
+                    after_prev = tirx.any(u < prev[0], tirx.all(u == prev[0], bf > prev[1]))
+                    with I.If(tirx.all(tirx.Not(selected), after_prev, u > best[0])):
+                        with I.Then():
+                            I.buffer_store(best, u, [0])
+                            I.buffer_store(best, bf, [1])
+                m_low = states[0].m[0]
+                for st in states[1:]:
+                    m_low = tirx.min(m_low, st.m[0])
+                with I.If(tirx.all(best[1] >= _f32(0.0), best[0] > m_low - sh.margin)):
+                    with I.Then():
+                        _attend_block(kv, qy, layer, kslot, vslot, kvh, tirx.Cast("int64", best[1]), sh.n_ctx, False, states)
+                        I.buffer_store(prev, best[0], [0])
+                        I.buffer_store(prev, best[1], [1])
+                    with I.Else():
+                        I.buffer_store(go, tirx.const(0, "int32"), [0])
+
+
+def int_scores_for(target: TargetPreset) -> bool:
+    """Integer scores for quantised keys need vpdpbusd (VNNI) and vpermb (VBMI)."""
+    return target.vnni and "avx512vbmi" in target.llvm_features
+
+
+def build_attention(req: KernelRequest, chunk: int, int_scores: bool = False):
+    """`chunk` > 0 splits the keys of single-token steps into chunks of that many keys (whole blocks).
+    `int_scores`: quantised key blocks are scored with vpdpbusd against the query rounded to 16 bits."""
+    plan, kt, vt = kv_plan_of(req)
+    hd, Hkv = plan.head_dim, plan.n_kv_heads
     H = int(req.attr("n_heads"))
     G = H // Hkv
     scale = 1.0 / math.sqrt(hd)
@@ -124,104 +316,173 @@ def build_attention(req: KernelRequest, queries: int, chunk: int):
             I.func_attr({"tirx.noalias": True})
             n = req.m if req.m is not None else tirx.Var("T", "int64")
             q = I.arg("q", I.buffer((n, H * hd), "float32"))  # [T, n_heads * head_dim], rotated
-            kc, vc = cache_args(cache_t)
+            kv = KVBuffers.declare(plan, kt, vt, int_scores)
+            attn = I.arg("attn", I.buffer((5,), "float32"))  # [sinks, window, topk, widen, margin]
             pos = I.arg("pos", tirx.Var("pos", "int64"))
             layer = I.arg("layer", tirx.Var("layer", "int64"))
+            kslot = I.arg("kslot", tirx.Var("kslot", "int64"))
+            vslot = I.arg("vslot", tirx.Var("vslot", "int64"))
             out = I.arg("out", I.buffer((n, H * hd), "float32"))
+            ctx = (q, kv, attn, pos, layer, kslot, vslot, out, Hkv, G, hd, scale)
             if req.m == 1 and chunk:
-                _decode_split_k(q, kc, vc, pos, layer, out, Hkv, G, hd, scale, chunk)
+                _decode(*ctx, max(1, chunk // plan.block))
             else:
-                _prefill(q, kc, vc, pos, layer, out, n, Hkv, G, hd, scale, queries)
+                _prefill(*ctx, n)
     return ib.get()
 
 
-def _prefill(q, kc, vc, pos, layer, out, n, Hkv: int, G: int, hd: int, scale: float, nq: int) -> None:
-    """Tasks = (tile of nq query rows, KV head); tiles in zig-zag order (0, last, 1, last-1, ...) so each
-    thread's contiguous share of tasks mixes short and long causal rows."""
-    tiles = (n + nq - 1) // nq
-    with I.parallel(0, tiles * Hkv) as task:
+def _item(sh: _Shape, i, count, sel_at):
+    """Block of item i of a query's read list (see _Shape), computed with statements into a small buffer:
+    nested selects in buffer indices make TVM's region analysis explode."""
+    bl = I.alloc_buffer((1,), "int64")
+    with I.If(i < sh.sb):
+        with I.Then():
+            I.buffer_store(bl, i, [0])
+        with I.Else():
+            with I.If(i < sh.sb + count):
+                with I.Then():
+                    I.buffer_store(bl, tirx.Cast("int64", sel_at(i - sh.sb)), [0])
+                with I.Else():
+                    I.buffer_store(bl, sh.wb + i - sh.sb - count, [0])
+    return bl[0]
+
+
+def _opaque(value, dtype: str = "int64"):
+    """`value` through a one-element buffer: later uses see a load, not the expression (TVM's buffer-region
+    analysis substitutes let-bound expressions and slows to minutes on nested selects)."""
+    buf = I.alloc_buffer((1,), dtype)
+    I.buffer_store(buf, value, [0])
+    return buf[0]
+
+
+def _n_items(sh: _Shape, count):
+    return sh.sb + count + sh.cur + 1 - sh.wb
+
+
+def _prefill(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: int, scale: float, n) -> None:
+    """Tasks = (query row, KV head), rows in zig-zag order (0, last, 1, last-1, ...) so each thread's
+    contiguous share of tasks mixes short and long causal rows. Each row selects its own blocks exactly
+    as a decode step at its position would."""
+    NBp = kv.nb + L
+    bounds = I.alloc_buffer((n * Hkv * NBp,), "float32")
+    sel = I.alloc_buffer((n * Hkv * kv.nb,), "int32")
+    with I.parallel(0, n * Hkv) as task:
         r = task // Hkv
         kvh = task % Hkv
-        tile = I.Bind(tirx.Select(r % 2 == 0, r // 2, tiles - 1 - r // 2))
-        states = [_State(hd) for _ in range(nq * G)]
-        rows = [I.Bind(tirx.min(tile * nq + i, n - 1)) for i in range(nq)]  # a short last tile repeats row n-1
-        queries = [(t, pos + t + 1) for t in rows]
-        _attend_range(q, kc, vc, layer, kvh, queries, G, hd, 0, (pos + rows[-1] + KB) // KB, scale, states)
-        for i, t in enumerate(rows):
-            for g in range(G):
-                st = states[i * G + g]
-                inv = I.Bind(_f32(1.0) / st.l[0])
-                for c in range(hd // KB):
-                    I.buffer_store(out, st.acc[_ramp(c * KB)] * _bc(inv), [t, _ramp((kvh * G + g) * hd + c * KB)])
+        t = I.Bind(tirx.Select(r % 2 == 0, r // 2, n - 1 - r // 2))
+        sh = _Shape(kv, attn, pos + t + 1)
+        qy = _Query(q, t, kvh * G, G, hd, scale, kv.int_scores)
+        states = [_State(hd) for _ in range(G)]
+        count = I.alloc_buffer((1,), "int32")
+        thr = I.alloc_buffer((1,), "float32")
+        I.buffer_store(count, tirx.const(0, "int32"), [0])
+        sbase = task * kv.nb
+        with I.If(sh.dense == 0):
+            with I.Then():
+                t_ = _selection(kv, qy, G, kvh, kslot, sh, bounds, task * NBp, sel, sbase, count)
+                I.buffer_store(thr, t_[0], [0])
+        cnt = I.Bind(tirx.Cast("int64", count[0]))
+        with I.serial(0, I.Bind(_opaque(_n_items(sh, cnt)))) as i:
+            b = I.Bind(_item(sh, i, cnt, lambda j: sel[sbase + j]))
+            _attend(kv, qy, layer, kslot, vslot, kvh, b, sh.n_ctx, sh.first_ring, states)
+        with I.If(sh.dense == 0):
+            with I.Then():
+                last = tirx.Select(cnt > 0, sel[sbase + tirx.max(cnt - 1, 0)], -1)
+                _widen(kv, qy, layer, kslot, vslot, kvh, sh, bounds, task * NBp, thr, last, states)
+        _finish(out, t, kvh, G, hd, states)
 
 
-def _decode_split_k(q, kc, vc, pos, layer, out, Hkv: int, G: int, hd: int, scale: float, chunk: int) -> None:
-    """One query token: tasks = (KV head, chunk of keys) write partial (max, sum, acc); a second parallel
-    loop merges them per head."""
-    n_ctx = pos + 1
-    blocks_per_chunk = chunk // KB
-    n_chunks = I.Bind((n_ctx + chunk - 1) // chunk)
-    part_st = I.alloc_buffer((Hkv * n_chunks * G * 2,), "float32")
-    part_acc = I.alloc_buffer((Hkv * n_chunks * G * hd,), "float32")
+def _decode(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: int, scale: float, bpc: int) -> None:
+    """One query token. Phase 1 (sparse only, one task per KV head): bounds, top-K and the block list.
+    Phase 2: tasks = (KV head, run of bpc blocks of the list) write partial (max, sum, acc) (split-K).
+    Phase 3, per KV head: merge the partials of its G query heads, widen if needed, normalise."""
+    sh = _Shape(kv, attn, pos + 1)
+    NBp = kv.nb + L
+    bounds = I.alloc_buffer((Hkv * NBp,), "float32")
+    sel = I.alloc_buffer((Hkv * kv.nb,), "int32")
+    n_list = I.alloc_buffer((Hkv,), "int32")
+    thrs = I.alloc_buffer((Hkv,), "float32")
+    lasts = I.alloc_buffer((Hkv,), "int32")
+    with I.If(sh.dense == 0):
+        with I.Then():
+            with I.parallel(0, Hkv) as kvh:
+                qy = _Query(q, 0, kvh * G, G, hd, scale)
+                count = I.alloc_buffer((1,), "int32")
+                thr = _selection(kv, qy, G, kvh, kslot, sh, bounds, kvh * NBp, sel, kvh * kv.nb, count)
+                I.buffer_store(thrs, thr[0], [kvh])
+                I.buffer_store(lasts, tirx.Select(count[0] > 0, sel[kvh * kv.nb + tirx.max(count[0] - 1, 0)], -1), [kvh])
+                I.buffer_store(n_list, count[0], [kvh])
+    # items: dense, blocks 0 .. cur; sparse, per KV head: the sinks, the selected blocks, the window
+    n_items = I.Bind(_n_items(sh, tirx.Select(sh.dense == 1, tirx.IntImm("int64", 0), sh.topk)))
+    n_chunks = I.Bind((n_items + bpc - 1) // bpc)
+    # sized from NB alone (the list never exceeds NB blocks): TVM's storage rewrite hoists allocations
+    # to the top of the function, above any value computed at run time
+    max_chunks = (kv.nb + bpc - 1) // bpc
+    part_st = I.alloc_buffer((Hkv * max_chunks * G * 2,), "float32")
+    part_acc = I.alloc_buffer((Hkv * max_chunks * G * hd,), "float32")
     with I.parallel(0, Hkv * n_chunks) as task:
         kvh = task // n_chunks
         c = task % n_chunks
+        qy = _Query(q, 0, kvh * G, G, hd, scale, kv.int_scores)
         states = [_State(hd) for _ in range(G)]
-        b0 = c * blocks_per_chunk
-        b1 = tirx.min(b0 + blocks_per_chunk, (n_ctx + KB - 1) // KB)
-        _attend_range(q, kc, vc, layer, kvh, [(0, n_ctx)], G, hd, b0, b1, scale, states)
+        cnt = I.Bind(_opaque(tirx.Select(sh.dense == 1, tirx.IntImm("int64", 0), tirx.Cast("int64", n_list[kvh]))))
+        end = I.Bind(_opaque(_n_items(sh, cnt)))
+        with I.serial(c * bpc, tirx.min(c * bpc + bpc, end)) as i:
+            b = I.Bind(_item(sh, i, cnt, lambda j: sel[kvh * kv.nb + j]))
+            _attend(kv, qy, layer, kslot, vslot, kvh, b, sh.n_ctx, sh.first_ring, states)
         for g, st in enumerate(states):
+            st.fold()
             I.buffer_store(part_st, st.m[0], [(task * G + g) * 2])
             I.buffer_store(part_st, st.l[0], [(task * G + g) * 2 + 1])
-            for cc in range(hd // KB):
-                I.buffer_store(part_acc, st.acc[_ramp(cc * KB)], [_ramp((task * G + g) * hd + cc * KB)])
-    with I.parallel(0, Hkv * G) as h:
-        kvh, g = h // G, h % G
-        tot = I.alloc_buffer((2,), "float32")  # max, sum
-        o = I.alloc_buffer((hd,), "float32")
-        I.buffer_store(tot, _f32(NEG), [0])
-        I.buffer_store(tot, _f32(0.0), [1])
-        for cc in range(hd // KB):
-            I.buffer_store(o, _bc(_f32(0.0)), [_ramp(cc * KB)])
-        with I.serial(0, n_chunks) as c:
-            I.buffer_store(tot, tirx.max(tot[0], part_st[((kvh * n_chunks + c) * G + g) * 2]), [0])
-        with I.serial(0, n_chunks) as c:
-            base = (kvh * n_chunks + c) * G + g
-            w = I.Bind(exp_f32(part_st[base * 2] - tot[0]))
-            I.buffer_store(tot, tot[1] + part_st[base * 2 + 1] * w, [1])
-            for cc in range(hd // KB):
-                I.buffer_store(o, o[_ramp(cc * KB)] + part_acc[_ramp(base * hd + cc * KB)] * _bc(w), [_ramp(cc * KB)])
-        inv = I.Bind(_f32(1.0) / tot[1])
-        for cc in range(hd // KB):
-            I.buffer_store(out, o[_ramp(cc * KB)] * _bc(inv), [0, _ramp(h * hd + cc * KB)])
+            for cc in range(hd // L):
+                I.buffer_store(part_acc, st.acc[_ramp(cc * L)], [_ramp((task * G + g) * hd + cc * L)])
+    with I.parallel(0, Hkv) as kvh:
+        states = [_State(hd) for _ in range(G)]
+        for g, st in enumerate(states):
+            with I.serial(0, n_chunks) as c:
+                I.buffer_store(st.m, tirx.max(st.m[0], part_st[((kvh * n_chunks + c) * G + g) * 2]), [0])
+            with I.serial(0, n_chunks) as c:
+                base = (kvh * n_chunks + c) * G + g
+                w = I.Bind(exp_f32(part_st[base * 2] - st.m[0]))
+                I.buffer_store(st.l, st.l[0] + part_st[base * 2 + 1] * w, [0])
+                for cc in range(hd // L):
+                    I.buffer_store(st.acc, st.acc[_ramp(cc * L)] + part_acc[_ramp(base * hd + cc * L)] * _bc(w), [_ramp(cc * L)])
+        with I.If(sh.dense == 0):
+            with I.Then():
+                qy = _Query(q, 0, kvh * G, G, hd, scale, kv.int_scores)
+                thr = I.alloc_buffer((1,), "float32")
+                I.buffer_store(thr, thrs[kvh], [0])
+                _widen(kv, qy, layer, kslot, vslot, kvh, sh, bounds, kvh * NBp, thr, lasts[kvh], states)
+        _finish(out, 0, kvh, G, hd, states)
 
 
 def _applies(req: KernelRequest) -> bool:
-    hd = req.in_types[1].shape[-1]
-    return req.kind is OpKind.ATTENTION and req.in_cols == (None, None) and hd % KB == 0
+    return req.kind is OpKind.ATTENTION and req.in_cols[0] is None and req.attr("kv_plan") is not None
 
 
 class AttentionDecodeRule(Rule):
     """One token: split-K over (KV head, key chunk) tasks, then a merge."""
 
     name = "attention_decode"
-    knobs = (Knob("chunk", 256, (128, 256, 512, 1024, 2048), "keys per split-K task"),)
+    knobs = (
+        Knob("chunk", 256, (128, 256, 512, 1024, 2048), "keys per split-K task"),
+        Knob("int_scores", 1, (0, 1), "score quantised key blocks with vpdpbusd (where the target has VNNI + VBMI)"),
+    )
 
     def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
         return req.m == 1 and _applies(req)
 
     def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
-        return build_attention(req, 1, knobs["chunk"])
+        return build_attention(req, knobs["chunk"], bool(knobs["int_scores"]) and int_scores_for(target))
 
 
 class AttentionPrefillRule(Rule):
-    """A chunk of tokens: tasks over (query tile, KV head), causal."""
+    """A chunk of tokens: tasks over (query row, KV head), causal."""
 
     name = "attention"
-    knobs = (Knob("queries", 2, (1, 2, 3), "query tokens per task sharing each K/V load"),)
 
     def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
         return req.m != 1 and _applies(req)
 
     def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
-        return build_attention(req, knobs["queries"], 0)
+        return build_attention(req, 0, int_scores_for(target))

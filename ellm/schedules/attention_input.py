@@ -17,7 +17,8 @@ from tvm.tirx.script.builder import ir as I
 from ..compiler.graph import OpKind
 from ..quant.tiled import TILED_COMPONENTS
 from ..targets import TargetPreset
-from .attention import KB, cache_args
+from .attention import kv_plan_of
+from .kv_blocks import KVBuffers
 from .rule import KernelRequest, Knob, Rule
 from .vnni import QUANTIZED, Acts, L, _ramp, for_token_tiles, micro_kernel, quantize_row
 
@@ -45,9 +46,8 @@ def _rotate(vecs: list, tab, p, half: int, neox: bool, rope_dim: int) -> list:
 
 
 def build_attention_input(req: KernelRequest, tokens_per_tile: int, prefetch_bytes: int):
-    cache_t, _ = req.in_types
-    Lyr, Hkv, _, hd = cache_t.shape
-    dt = cache_t.dtype
+    plan, kt, vt = kv_plan_of(req)
+    Hkv, hd = plan.n_kv_heads, plan.head_dim
     H = int(req.attr("n_heads"))
     rope_dim, neox = int(req.attr("rope_dim")), bool(req.attr("neox"))
     half = rope_dim // 2
@@ -60,7 +60,7 @@ def build_attention_input(req: KernelRequest, tokens_per_tile: int, prefetch_byt
             I.func_name("attention_input")
             I.func_attr({"tirx.noalias": True})
             n_tok = req.m if req.m is not None else tirx.Var("T", "int64")
-            kc, vc = cache_args(cache_t)
+            kv = KVBuffers.declare(plan, kt, vt)
             x = I.arg("x", I.buffer((n_tok, K), "float32"))
             w = {c.name: I.arg(f"w_{c.name}", I.buffer(c.shape(N, K), c.dtype)) for c in TILED_COMPONENTS[qtype]}
             gain = I.arg("norm", I.buffer((K,), "float32"))
@@ -68,6 +68,8 @@ def build_attention_input(req: KernelRequest, tokens_per_tile: int, prefetch_byt
             tab = I.arg("rope", I.buffer((tirx.Var("C", "int64"), rope_dim), "float32"))
             pos = I.arg("pos", tirx.Var("pos", "int64"))
             layer = I.arg("layer", tirx.Var("layer", "int64"))
+            kslot = I.arg("kslot", tirx.Var("kslot", "int64"))
+            vslot = I.arg("vslot", tirx.Var("vslot", "int64"))
             q_out = I.arg("q", I.buffer((n_tok, H * hd), "float32"))
             acts = Acts.alloc(n_tok, K, bits)
             with (I.serial if req.m == 1 else I.parallel)(0, n_tok) as t:
@@ -92,20 +94,24 @@ def build_attention_input(req: KernelRequest, tokens_per_tile: int, prefetch_byt
                                         I.buffer_store(q_out, rot[j], [t, _ramp(head * hd + j * L)])
                                 with I.Else():
                                     with I.If(head < H + Hkv):
-                                        with I.Then():  # K: transposed 16-key blocks, one lane per head dim
-                                            for j in range(nv):
-                                                kv = tirx.Cast(f"{dt}x{L}", rot[j])
-                                                for lane in range(L):
-                                                    I.buffer_store(kc, tirx.Shuffle([kv], [lane]),
-                                                                   [layer, head - H, p // KB, j * L + lane, p % KB])
+                                        with I.Then():
+                                            kv.write_k(layer, head - H, p, rot)
                                         with I.Else():
-                                            for j in range(nv):
-                                                I.buffer_store(vc, tirx.Cast(f"{dt}x{L}", vecs[j]),
-                                                               [layer, head - H - Hkv, p, _ramp(j * L)])
+                                            kv.write_v(layer, head - H - Hkv, p, vecs)
 
                     micro_kernel(qtype, w, tiles, t0, tt, K, acts, None, prefetch_bytes, True, finish=finish)
 
                 for_token_tiles(req.m, n_tok, tokens_per_tile, project)
+                # blocks this step completed age out of the ring into their store (this head's task wrote them)
+                first, count = kv.completed_blocks(pos, n_tok)
+                with I.If(head >= H):
+                    with I.Then():
+                        with I.serial(0, count) as i:
+                            with I.If(head < H + Hkv):
+                                with I.Then():
+                                    kv.store_k_block(layer, kslot, head - H, first + i)
+                                with I.Else():
+                                    kv.store_v_block(layer, vslot, head - H - Hkv, first + i)
     return ib.get()
 
 
@@ -117,7 +123,9 @@ class AttentionInputRule(Rule):
     def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
         if req.kind is not OpKind.ATTN_INPUT or not target.vnni or req.qtype not in QUANTIZED:
             return False
-        hd = req.in_types[0].shape[-1]
+        if req.attr("kv_plan") is None:
+            return False
+        hd = kv_plan_of(req)[0].head_dim
         rope_dim, neox = int(req.attr("rope_dim")), bool(req.attr("neox"))
         return hd % L == 0 and (rope_dim // 2) % L == 0 if neox else rope_dim % L == 0
 

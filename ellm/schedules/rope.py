@@ -1,6 +1,7 @@
 """RoPE and KV-cache append kernels (TVMScript: they write the cache in place).
 
-The cache layout is attention.py's: K transposed in blocks of 16 keys, V row-major.
+The cache is kv/plan.py's block cache: tokens go into the float16 ring, and blocks the step completes
+are copied or quantised into their store (schedules/kv_blocks.py).
 
 The rotation table is an input, `rope[pos, :half] = cos`, `rope[pos, half:] = sin`, computed once per
 engine in float64 (so scaling variants live in one NumPy function, runtime/rope.py).
@@ -11,11 +12,15 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from tvm import tirx
 from tvm.script import tirx as T
+from tvm.script.ir_builder import IRBuilder
+from tvm.tirx.script.builder import ir as I
 
 from ..compiler.graph import OpKind
 from ..targets import TargetPreset
-from .attention import KB
+from .attention import kv_plan_of
+from .kv_blocks import KVBuffers
 from .rule import KernelRequest, Rule
 
 
@@ -78,77 +83,99 @@ class RopeRule(Rule):
         return rope
 
 
+def _kv_args(req: KernelRequest):
+    """Declare the block-cache buffers, in the order lowering passes them."""
+    plan, kt, vt = kv_plan_of(req)
+    return plan, KVBuffers.declare(plan, kt, vt)
+
+
+def _age_blocks(kv: KVBuffers, pos, n, layer, kslot, vslot) -> None:
+    """Copy or quantise the blocks this step completed, one task per (K or V, head)."""
+    Hkv = kv.plan.n_kv_heads
+    first, count = kv.completed_blocks(pos, n)
+    with I.parallel(0, 2 * Hkv) as task:
+        with I.serial(0, count) as i:
+            with I.If(task < Hkv):
+                with I.Then():
+                    kv.store_k_block(layer, kslot, task, first + i)
+                with I.Else():
+                    kv.store_v_block(layer, vslot, task - Hkv, first + i)
+
+
 class KvAppendRule(Rule):
     name = "kv_append"
 
     def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
-        return req.kind is OpKind.KV_APPEND
+        return req.kind is OpKind.KV_APPEND and req.attr("kv_plan") is not None
 
     def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
-        cache_t, k_t, v_t = req.in_types
-        L, Hkv, _, hd = cache_t.shape
-        dt = cache_t.dtype
+        _, k_t, v_t = req.in_types
         Wk, Wv = k_t.width, v_t.width
         k0, v0 = _col0(req, 1), _col0(req, 2)
-
-        @T.prim_func
-        def kv_append(kc_h: T.handle, vc_h: T.handle, k_h: T.handle, v_h: T.handle, pos: T.int64, layer: T.int64):
-            T.func_attr({"tirx.noalias": True})
-            n, C, CB = T.int64(), T.int64(), T.int64()
-            kc = T.match_buffer(kc_h, (L, Hkv, CB, hd, KB), dt)  # [n_layers, n_kv_heads, ctx/16, head_dim, 16]
-            vc = T.match_buffer(vc_h, (L, Hkv, C, hd), dt)  # [n_layers, n_kv_heads, ctx, head_dim]
-            k = T.match_buffer(k_h, (n, Wk), "float32")
-            v = T.match_buffer(v_h, (n, Wv), "float32")
-            for t in T.parallel(n):
-                for h in range(Hkv):
-                    for d in T.vectorized(hd):
-                        kc[layer, h, (pos + t) // KB, d, (pos + t) % KB] = T.Cast(dt, k[t, k0 + h * hd + d])
-                        vc[layer, h, pos + t, d] = T.Cast(dt, v[t, v0 + h * hd + d])
-
-        return kv_append
+        with IRBuilder() as ib:
+            with I.prim_func():
+                I.func_name("kv_append")
+                I.func_attr({"tirx.noalias": True})
+                n = tirx.Var("T", "int64")
+                plan, kv = _kv_args(req)
+                hd = plan.head_dim
+                k = I.arg("k", I.buffer((n, Wk), "float32"))
+                v = I.arg("v", I.buffer((n, Wv), "float32"))
+                pos = I.arg("pos", tirx.Var("pos", "int64"))
+                layer = I.arg("layer", tirx.Var("layer", "int64"))
+                kslot = I.arg("kslot", tirx.Var("kslot", "int64"))
+                vslot = I.arg("vslot", tirx.Var("vslot", "int64"))
+                with I.parallel(0, n) as t:
+                    for h in range(plan.n_kv_heads):
+                        with I.serial(0, hd) as d:
+                            kv.write_k_scalar(layer, h, pos + t, d, k[t, k0 + h * hd + d])
+                        with I.vectorized(0, hd) as d:
+                            kv.write_v_scalar(layer, h, pos + t, d, v[t, v0 + h * hd + d])
+                _age_blocks(kv, pos, n, layer, kslot, vslot)
+        return ib.get()
 
 
 class RopeKvAppendRule(Rule):
     name = "rope_kv_append"
 
     def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
-        return req.kind is OpKind.ROPE_KV_APPEND
+        return req.kind is OpKind.ROPE_KV_APPEND and req.attr("kv_plan") is not None
 
     def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
-        cache_t, qkv_t = req.in_types
-        L, Hkv, _, hd = cache_t.shape
-        dt = cache_t.dtype
+        _, qkv_t = req.in_types
         H = int(req.attr("n_heads"))
         rd, half, neox = _geometry(req)
         p0, p1, first, second = _rotation(neox, half)
         W = qkv_t.width
-        k0, v0 = H * hd, H * hd + Hkv * hd  # [q | k | v] columns of the fused projection
-
-        @T.prim_func
-        def rope_kv_append(
-            kc_h: T.handle, vc_h: T.handle, qkv_h: T.handle, tab_h: T.handle, pos: T.int64, layer: T.int64, q_h: T.handle
-        ):
-            T.func_attr({"tirx.noalias": True})
-            n, C, CB = T.int64(), T.int64(), T.int64()
-            kc = T.match_buffer(kc_h, (L, Hkv, CB, hd, KB), dt)  # [n_layers, n_kv_heads, ctx/16, head_dim, 16]
-            vc = T.match_buffer(vc_h, (L, Hkv, C, hd), dt)  # [n_layers, n_kv_heads, ctx, head_dim]
-            qkv = T.match_buffer(qkv_h, (n, W), "float32")  # [T, q | k | v]
-            tab = T.match_buffer(tab_h, (C, rd), "float32")
-            q = T.match_buffer(q_h, (n, H * hd), "float32")
-            for t in T.parallel(n):
-                for h in range(H):
-                    for i in T.vectorized(half):
-                        q[t, h * hd + p0(i)] = first(qkv, tab, pos, t, h * hd, i)
-                        q[t, h * hd + p1(i)] = second(qkv, tab, pos, t, h * hd, i)
-                    for d in range(rd, hd):
-                        q[t, h * hd + d] = qkv[t, h * hd + d]
-                for h in range(Hkv):
-                    for i in T.vectorized(half):
-                        kc[layer, h, (pos + t) // KB, p0(i), (pos + t) % KB] = T.Cast(dt, first(qkv, tab, pos, t, k0 + h * hd, i))
-                        kc[layer, h, (pos + t) // KB, p1(i), (pos + t) % KB] = T.Cast(dt, second(qkv, tab, pos, t, k0 + h * hd, i))
-                    for d in range(rd, hd):
-                        kc[layer, h, (pos + t) // KB, d, (pos + t) % KB] = T.Cast(dt, qkv[t, k0 + h * hd + d])
-                    for d in T.vectorized(hd):
-                        vc[layer, h, pos + t, d] = T.Cast(dt, qkv[t, v0 + h * hd + d])
-
-        return rope_kv_append
+        with IRBuilder() as ib:
+            with I.prim_func():
+                I.func_name("rope_kv_append")
+                I.func_attr({"tirx.noalias": True})
+                n = tirx.Var("T", "int64")
+                plan, kv = _kv_args(req)
+                hd, Hkv = plan.head_dim, plan.n_kv_heads
+                k0, v0 = H * hd, H * hd + Hkv * hd  # [q | k | v] columns of the fused projection
+                qkv = I.arg("qkv", I.buffer((n, W), "float32"))  # [T, q | k | v]
+                tab = I.arg("rope", I.buffer((tirx.Var("C", "int64"), rd), "float32"))  # [ctx, cos | sin]
+                pos = I.arg("pos", tirx.Var("pos", "int64"))
+                layer = I.arg("layer", tirx.Var("layer", "int64"))
+                kslot = I.arg("kslot", tirx.Var("kslot", "int64"))
+                vslot = I.arg("vslot", tirx.Var("vslot", "int64"))
+                q = I.arg("q", I.buffer((n, H * hd), "float32"))
+                with I.parallel(0, n) as t:
+                    for h in range(H):
+                        with I.vectorized(0, half) as i:
+                            I.buffer_store(q, first(qkv, tab, pos, t, h * hd, i), [t, h * hd + p0(i)])
+                            I.buffer_store(q, second(qkv, tab, pos, t, h * hd, i), [t, h * hd + p1(i)])
+                        for d in range(rd, hd):
+                            I.buffer_store(q, qkv[t, h * hd + d], [t, h * hd + d])
+                    for h in range(Hkv):
+                        with I.serial(0, half) as i:
+                            kv.write_k_scalar(layer, h, pos + t, p0(i), first(qkv, tab, pos, t, k0 + h * hd, i))
+                            kv.write_k_scalar(layer, h, pos + t, p1(i), second(qkv, tab, pos, t, k0 + h * hd, i))
+                        for d in range(rd, hd):
+                            kv.write_k_scalar(layer, h, pos + t, d, qkv[t, k0 + h * hd + d])
+                        with I.vectorized(0, hd) as d:
+                            kv.write_v_scalar(layer, h, pos + t, d, qkv[t, v0 + h * hd + d])
+                _age_blocks(kv, pos, n, layer, kslot, vslot)
+        return ib.get()

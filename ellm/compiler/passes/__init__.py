@@ -7,5 +7,6 @@ from .fuse_residual_add import fuse_residual_add
 from .fuse_rmsnorm_matmul import fuse_rmsnorm_matmul
 from .fuse_rope_kv_append import fuse_rope_kv_append
 from .fuse_sibling_matmuls import fuse_sibling_matmuls
+from .plan_kv_cache import plan_kv_cache
 
-__all__ = ["choose_weight_layout", "fuse_attention_input", "fuse_ffn", "fuse_residual_add", "fuse_rmsnorm_matmul", "fuse_rope_kv_append", "fuse_sibling_matmuls"]
+__all__ = ["choose_weight_layout", "fuse_attention_input", "fuse_ffn", "fuse_residual_add", "fuse_rmsnorm_matmul", "fuse_rope_kv_append", "fuse_sibling_matmuls", "plan_kv_cache"]

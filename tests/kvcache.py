@@ -1,0 +1,211 @@
+"""Test helpers for the block KV cache: an independent NumPy model of its layout, quantisers and tiers."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ellm.kv.plan import KVPlan, KVType
+
+
+def cache_attrs(plan: KVPlan, layer: int) -> tuple:
+    """The attributes plan_kv_cache puts on a cache op of `layer`."""
+    return (("kv_k", plan.k[layer].value), ("kv_plan", plan.key()), ("kv_v", plan.v[layer].value))
+
+
+def empty_state(plan: KVPlan, ctx: int) -> list[np.ndarray]:
+    """A KV state whose float parts are NaN and codes 0, so reading anything unwritten shows."""
+    nb = plan.n_blocks(ctx)
+    out = []
+    for s in plan.state_tensors():
+        shape = tuple(nb if d == "NB" else int(d) for d in s.shape)
+        out.append(np.full(shape, np.nan, s.dtype) if s.dtype.startswith("float") else np.zeros(shape, s.dtype))
+    return out
+
+
+def layer_args(plan: KVPlan, layer: int, state: list) -> list:
+    """The state tensors a kernel of `layer` takes, in order (as lowering passes them)."""
+    names = [s.name for s in plan.state_tensors()]
+    kt, vt = plan.k[layer], plan.v[layer]
+    want = ["ring_k", "ring_v"] + [s.name for s in plan.store_tensors("k", kt)] + [s.name for s in plan.store_tensors("v", vt)]
+    return [state[names.index(n)] for n in want]
+
+
+def quantise_codes(x: np.ndarray, t: KVType) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of x [rows, cols] -> (codes, min, scale) per row, asymmetric, params in float16."""
+    x = x.astype(np.float32)
+    mn = x.min(axis=1).astype(np.float16).astype(np.float32)
+    sc = ((x.max(axis=1) - mn) / t.qmax).astype(np.float16).astype(np.float32)
+    inv = np.where(sc > 0, 1.0 / np.where(sc > 0, sc, 1), 0.0).astype(np.float32)
+    return np.clip(np.floor((x - mn[:, None]) * inv[:, None] + 0.5), 0, t.qmax), mn, sc
+
+
+def quantise_ref(x: np.ndarray, t: KVType) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of x [rows, cols] -> (dequantised, min, scale) per row, asymmetric, params in float16."""
+    codes, mn, sc = quantise_codes(x, t)
+    return (mn[:, None] + sc[:, None] * codes).astype(np.float32), mn, sc
+
+
+def unpack(codes: np.ndarray, t: KVType, n: int) -> np.ndarray:
+    """[..., n * bits / 8] u8 -> [..., n] codes (q4: byte i holds element i low, i + n/2 high)."""
+    if t is KVType.Q8:
+        return codes.astype(np.float32)
+    lo, hi = codes & 15, codes >> 4
+    return np.concatenate([lo, hi], axis=-1).astype(np.float32)
+
+
+def stored_block(plan: KVPlan, layer: int, state_by_name: dict, h: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """(K [B, hd], V [B, hd]) of block b as the store holds it, dequantised."""
+    B, hd = plan.block, plan.head_dim
+    kt, ks = plan.slot("k", layer)
+    vt, vs = plan.slot("v", layer)
+    kd = state_by_name[f"k_{kt.value}"][ks, h, b]  # [tiles, hd, 16]
+    if kt is KVType.Q4:  # tile pair j: tile 2j in the low nibbles, 2j + 1 in the high
+        kd = np.stack([kd & 15, kd >> 4], axis=1).reshape(-1, hd, 16)
+    keys = kd.transpose(0, 2, 1).reshape(B, hd).astype(np.float32)  # [B, hd]
+    if kt.is_float:
+        k = keys
+    else:
+        p = state_by_name[f"k_{kt.value}_params"][ks, h, b].astype(np.float32)  # [2, hd]
+        k = p[0][None, :] + p[1][None, :] * keys
+    vd = state_by_name[f"v_{vt.value}"][vs, h, b]
+    if vt.is_float:
+        v = vd.astype(np.float32)
+    else:
+        p = state_by_name[f"v_{vt.value}_params"][vs, h, b].astype(np.float32)  # [B, 2]
+        v = p[:, :1] + p[:, 1:] * unpack(vd, vt, hd)
+    return k, v
+
+
+def visible(plan: KVPlan, layer: int, k: np.ndarray, v: np.ndarray, t: int) -> tuple[np.ndarray, np.ndarray]:
+    """What a query at position t sees of keys/values k, v [Hkv, >t, hd] (float32, the appended values):
+    ring precision for the `recent` newest blocks, the store's dequantised values before them."""
+    B = plan.block
+    rd = np.float32 if plan.ring_dtype == "float32" else np.float16
+    ks = k[:, : t + 1].astype(rd).astype(np.float64)
+    vs = v[:, : t + 1].astype(rd).astype(np.float64)
+    first_ring = t // B - plan.recent + 1
+    for b in range(max(0, first_ring)):
+        blk = slice(b * B, (b + 1) * B)
+        for h in range(k.shape[0]):
+            for arr, kind in ((ks, plan.k[layer]), (vs, plan.v[layer])):
+                if kind.is_float:
+                    arr[h, blk] = arr[h, blk].astype(kind.dtype).astype(np.float64)
+                elif arr is ks:  # keys: per channel over the block
+                    arr[h, blk] = quantise_ref(arr[h, blk].T, kind)[0].T
+                else:  # values: per token over channels
+                    arr[h, blk] = quantise_ref(arr[h, blk], kind)[0]
+    return ks, vs
+
+
+def attention_ref(q: np.ndarray, ks: np.ndarray, vs: np.ndarray, H: int) -> np.ndarray:
+    """One query [H * hd] against visible K, V [Hkv, n, hd]: float64 softmax attention."""
+    Hkv, _, hd = ks.shape
+    G = H // Hkv
+    out = np.zeros(H * hd)
+    for h in range(H):
+        s = ks[h // G] @ q[h * hd : (h + 1) * hd].astype(np.float64) / np.sqrt(hd)
+        p = np.exp(s - s.max())
+        out[h * hd : (h + 1) * hd] = (p / p.sum()) @ vs[h // G]
+    return out
+
+
+def ring_tokens(plan: KVPlan, state: list[np.ndarray], layer: int, positions) -> tuple[np.ndarray, np.ndarray]:
+    """(K, V) [len(positions), Hkv, hd] of tokens as the ring holds them (float32)."""
+    rk, rv = state[0], state[1]
+    B, RS = plan.block, plan.ring
+    k = np.stack([rk[layer, :, (p // B) % RS, (p % B) // 16, :, p % 16] for p in positions]).astype(np.float32)
+    v = np.stack([rv[layer, :, (p // B) % RS, p % B, :] for p in positions]).astype(np.float32)
+    return k, v
+
+
+def clear_ring_tokens(plan: KVPlan, state: list[np.ndarray], layer: int, positions) -> None:
+    """Set the ring entries of `positions` back to NaN (so a test can check nothing else was written)."""
+    B, RS = plan.block, plan.ring
+    for p in positions:
+        state[0][layer, :, (p // B) % RS, (p % B) // 16, :, p % 16] = np.nan
+        state[1][layer, :, (p // B) % RS, p % B, :] = np.nan
+
+
+def block_bounds_ref(plan: KVPlan, layer: int, ks: np.ndarray, q: np.ndarray, h: int, n_blocks: int, H: int) -> np.ndarray:
+    """Score bounds of blocks 0..n_blocks-1 of KV head h for query q [H * hd], from each block's
+    per-channel key range as the store records it (quantised: [min, min + qmax scale])."""
+    B, hd = plan.block, plan.head_dim
+    kt = plan.k[layer]
+    G = H // ks.shape[0]
+    qs = q.astype(np.float64).reshape(H, hd)[h * G : (h + 1) * G] / np.sqrt(hd)  # [G, hd]
+    out = np.zeros(n_blocks)
+    for b in range(n_blocks):
+        raw = ks[h, b * B : (b + 1) * B]  # [B, hd] as the ring held them
+        if kt.is_float:
+            lo, hi = raw.min(0), raw.max(0)
+        else:
+            _, mn, sc = quantise_ref(raw.T.astype(np.float32), kt)
+            lo, hi = mn.astype(np.float64), mn + kt.qmax * sc.astype(np.float64)
+        out[b] = np.max(np.maximum(qs * lo, qs * hi).sum(1))
+    return out
+
+
+def sparse_ref(plan: KVPlan, layer: int, k: np.ndarray, v: np.ndarray, q: np.ndarray, t: int, H: int,
+               sinks: int, window: int, topk: int, int_scores: bool) -> np.ndarray:
+    """Block-sparse attention of one query at position t (no widening): sink blocks, the block-aligned window,
+    and the top-K remote blocks by bound, each KV head choosing for its G query heads."""
+    rd = np.float32 if plan.ring_dtype == "float32" else np.float16
+    raw = k[:, : t + 1].astype(rd).astype(np.float64)
+    keys = [sparse_keys(plan, t, sinks, window, topk, lambda n: block_bounds_ref(plan, layer, raw, q, h, n, H))
+            for h in range(k.shape[0])]
+    return attend_ref(plan, layer, k, v, q, t, H, int_scores, keys)
+
+
+def sparse_keys(plan: KVPlan, t: int, sinks: int, window: int, topk: int, bounds_of) -> np.ndarray:
+    """Positions a query at t reads: sink blocks, the top-K candidates by bounds_of(n_blocks), the window."""
+    B, n_ctx = plan.block, t + 1
+    wb = max(n_ctx - max(window, plan.recent * B), 0) // B
+    sb = min(-(-sinks // B), wb)  # sink blocks: the first `sinks` tokens rounded up to whole blocks
+    if wb - sb <= topk:
+        return np.arange(n_ctx)
+    chosen = sorted(sb + np.argsort(-bounds_of(wb)[sb:], kind="stable")[:topk])
+    return np.concatenate([np.arange(sb * B)] + [np.arange(b * B, (b + 1) * B) for b in chosen] + [np.arange(wb * B, n_ctx)])
+
+
+def scores_ref(plan: KVPlan, layer: int, k: np.ndarray, q: np.ndarray, t: int, H: int, int_scores: bool) -> np.ndarray:
+    """[H, t + 1] scaled scores of query q [H * hd] at position t, as the kernels compute them. With
+    `int_scores`, keys of quantised store blocks score as kc + qf * sum_d q16_d code_d: q * scale rounded
+    to 16 bits per head and block (qf = max |q * scale| / (127 * 256)), the sum exact."""
+    B, hd = plan.block, plan.head_dim
+    Hkv = k.shape[0]
+    G = H // Hkv
+    ks, _ = visible(plan, layer, k, k, t)
+    qs = (q.astype(np.float32) * np.float32(1.0 / np.sqrt(hd))).reshape(H, hd)
+    s = np.stack([ks[h // G] @ qs[h].astype(np.float64) for h in range(H)])
+    kt = plan.k[layer]
+    if not int_scores or kt.is_float:
+        return s
+    rd = np.float32 if plan.ring_dtype == "float32" else np.float16
+    for b in range(max(0, t // B - plan.recent + 1)):  # blocks read from the store
+        raw = k[:, b * B : (b + 1) * B].astype(rd).astype(np.float32)  # [Hkv, B, hd]
+        for h in range(H):
+            codes, mn, sc = quantise_codes(raw[h // G].T, kt)  # [hd, B], [hd], [hd]
+            qk = qs[h] * sc  # float32, as the kernel folds the scales into the query
+            amax = np.abs(qk).max()
+            q16 = np.float32(127 * 256)
+            inv = q16 / amax if amax > 0 else np.float32(0.0)
+            qi = np.floor(qk * inv + np.float32(0.5))
+            kc = (qs[h].astype(np.float64) * mn).sum()
+            s[h, b * B : (b + 1) * B] = kc + np.float64(amax / q16) * (qi.astype(np.float64) @ codes)
+    return s
+
+
+def attend_ref(plan: KVPlan, layer: int, k: np.ndarray, v: np.ndarray, q: np.ndarray, t: int, H: int,
+               int_scores: bool, keys: list | None = None) -> np.ndarray:
+    """One query [H * hd] at position t over the keys in keys[kv head] (default: all t + 1): float64
+    softmax of scores_ref over the visible values."""
+    hd = plan.head_dim
+    G = H // k.shape[0]
+    _, vs = visible(plan, layer, k, v, t)
+    s = scores_ref(plan, layer, k, q, t, H, int_scores)
+    out = np.zeros(H * hd)
+    for h in range(H):
+        idx = np.arange(t + 1) if keys is None else keys[h // G]
+        p = np.exp(s[h, idx] - s[h, idx].max())
+        out[h * hd : (h + 1) * hd] = (p / p.sum()) @ vs[h // G][idx]
+    return out

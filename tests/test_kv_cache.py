@@ -1,0 +1,233 @@
+"""The block KV cache: plan arithmetic, ageing into each precision's store, and attention over the tiers,
+against the NumPy model in tests/kvcache.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ellm.compiler.graph import OpKind, TensorType
+from ellm.errors import EllmError
+from ellm.kv.plan import KVPlan, KVType
+from ellm.schedules import KernelRequest
+from kernels import build, build_request
+from kernels import PRESET
+from kvcache import attend_ref, cache_attrs, empty_state, layer_args, quantise_ref, sparse_ref, stored_block
+
+from ellm.schedules.attention import int_scores_for
+
+from ellm.kv.attention import AttentionConfig
+
+DENSE = AttentionConfig.dense().as_array()
+INT = int_scores_for(PRESET)  # quantised key blocks scored with vpdpbusd, the query rounded to int8
+
+F32, F16, Q8, Q4 = KVType.F32, KVType.F16, KVType.Q8, KVType.Q4
+
+
+def test_plan_sizes_and_slots():
+    p = KVPlan.uniform(30, 3, 64, Q4, Q4, max_chunk=256)
+    assert p.ring == 2 + 4 + 1
+    # q4: 32 code bytes + 4 param bytes per 64 values, for K (per channel) and V (per token)
+    assert p.bytes_per_token() == pytest.approx(2 * 30 * 3 * 36)
+    assert p.nbytes(32768) / (23040 * 32768) < 0.35
+    mixed = KVPlan(3, 64, (Q8, Q4, Q8), (F16, F16, Q4))
+    assert mixed.slot("k", 2) == (Q8, 1) and mixed.slot("k", 1) == (Q4, 0) and mixed.slot("v", 2) == (Q4, 0)
+    assert [s.name for s in mixed.state_tensors()] == [
+        "ring_k", "ring_v", "k_q8", "k_q8_params", "k_q4", "k_q4_params", "v_f16", "v_q4", "v_q4_params"]
+    assert KVPlan.from_key(mixed.key()) == mixed
+    with pytest.raises(EllmError, match="f32"):
+        KVPlan(3, 64, (F32, F16), (F32, F32))
+    with pytest.raises(EllmError, match="block"):
+        KVPlan(3, 64, (Q8,), (Q8,), block=48)
+
+
+@pytest.mark.parametrize("t", [Q8, Q4])
+def test_quantiser_error_bound(t):
+    """Round-to-nearest with float16 (min, scale): error at most half a step (plus float16 rounding of the min)."""
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((200, 64)) * rng.uniform(0.1, 10, (200, 1))).astype(np.float32)
+    deq, mn, sc = quantise_ref(x, t)
+    bound = sc[:, None] / 2 * (1 + 2**-9) + np.abs(x) * 2**-10 + 1e-7
+    assert (np.abs(deq - x) <= bound).all()
+    assert (deq >= mn[:, None]).all() and (deq <= (mn + t.qmax * sc)[:, None] + 1e-6).all()
+
+
+def _requests(plan: KVPlan, H: int, layer: int):
+    Hkv, hd = plan.n_kv_heads, plan.head_dim
+    cache_t = TensorType((plan.n_layers, Hkv, "C", hd), "float16")
+    a = cache_attrs(plan, layer)
+    append = KernelRequest(OpKind.KV_APPEND, None, (cache_t, TensorType(("T", Hkv * hd)), TensorType(("T", Hkv * hd))),
+                           (None, None, None), (cache_t,), attrs=a)
+    att = [KernelRequest(OpKind.ATTENTION, m, (TensorType(("T", H * hd)), cache_t), (None, None), (TensorType(("T", H * hd)),),
+                         attrs=tuple(sorted((*a, ("n_heads", H))))) for m in (None, 1)]
+    return append, att
+
+
+@pytest.mark.parametrize("kt,vt", [(F16, F16), (Q8, Q8), (Q4, Q4), (Q8, Q4), (F32, F32)])
+def test_append_age_and_attend(kt, vt):
+    """Steps of uneven sizes append K/V; completed blocks age into the store; prefill and split-K decode
+    attention read each block at the precision the tiers give it, as the NumPy model does."""
+    import tvm
+
+    H, Hkv, hd, layer = 6, 2, 64, 1
+    plan = KVPlan.uniform(2, Hkv, hd, kt, vt, max_chunk=100, block=64, recent=2)
+    append_req, (pre_req, dec_req) = _requests(plan, H, layer)
+    f_app = build(build_request(append_req)[1])["kv_append"]
+    f_pre = build(build_request(pre_req)[1])["attention"]
+    f_dec = build(build_request(dec_req, {"chunk": 128})[1])["attention"]
+    rng = np.random.default_rng(hash((kt, vt)) % 2**32)
+    ctx = 600
+    k_all = (rng.standard_normal((Hkv, ctx, hd)) * 2).astype(np.float32)
+    v_all = rng.standard_normal((Hkv, ctx, hd)).astype(np.float32)
+    state = [tvm.runtime.tensor(a) for a in empty_state(plan, ctx)]
+    args = layer_args(plan, layer, state)
+    kslot, vslot = plan.slot("k", layer)[1], plan.slot("v", layer)[1]
+    pos, worst = 0, 0.0
+    for n in (37, 64, 1, 100, 90, 1, 1, 70, 100, 63, 1):
+        kk = k_all[:, pos : pos + n].transpose(1, 0, 2).reshape(n, -1)
+        vv = v_all[:, pos : pos + n].transpose(1, 0, 2).reshape(n, -1)
+        f_app(*args, tvm.runtime.tensor(kk), tvm.runtime.tensor(vv), pos, layer, kslot, vslot)
+        q = rng.standard_normal((n, H * hd)).astype(np.float32)
+        out = tvm.runtime.tensor(np.zeros((n, H * hd), np.float32))
+        (f_dec if n == 1 else f_pre)(tvm.runtime.tensor(q), *args, tvm.runtime.tensor(DENSE), pos, layer, kslot, vslot, out)
+        for i in range(n):
+            want = attend_ref(plan, layer, k_all, v_all, q[i], pos + i, H, INT)
+            worst = max(worst, np.abs(out.numpy()[i] - want).max())
+        pos += n
+    assert worst < 2e-4, worst
+    # every completed block sits in the store exactly as the model quantises it
+    by_name = {s.name: t.numpy() for s, t in zip(plan.state_tensors(), state)}
+    rd = np.float32 if kt is F32 else np.float16
+    for b in range(pos // plan.block):
+        for h in range(Hkv):
+            k, v = stored_block(plan, layer, by_name, h, b)
+            blk = slice(b * 64, (b + 1) * 64)
+            kr = k_all[h, blk].astype(rd).astype(np.float32)
+            vr = v_all[h, blk].astype(rd).astype(np.float32)
+            k_want = kr if kt.is_float else quantise_ref(kr.T, kt)[0].T
+            v_want = vr if vt.is_float else quantise_ref(vr, vt)[0]
+            np.testing.assert_allclose(k, k_want, atol=1e-6)
+            np.testing.assert_allclose(v, v_want, atol=1e-6)
+
+
+@pytest.mark.parametrize("kt,vt,chunk", [(Q8, Q4, 512), (Q4, Q8, 128)])
+def test_long_context_decode(kt, vt, chunk):
+    """Split-K decode at 4,090 tokens (many chunks, a partial last block) over quantised blocks."""
+    import tvm
+
+    H, Hkv, hd, layer = 9, 3, 64, 0
+    plan = KVPlan.uniform(1, Hkv, hd, kt, vt, max_chunk=256, block=64, recent=2)
+    append_req, (_, dec_req) = _requests(plan, H, layer)
+    f_app = build(build_request(append_req)[1])["kv_append"]
+    f_dec = build(build_request(dec_req, {"chunk": chunk})[1])["attention"]
+    rng = np.random.default_rng(7)
+    ctx = 4090
+    k_all = (rng.standard_normal((Hkv, ctx, hd)) * 2).astype(np.float32)
+    v_all = rng.standard_normal((Hkv, ctx, hd)).astype(np.float32)
+    state = [tvm.runtime.tensor(a) for a in empty_state(plan, ctx)]
+    args = layer_args(plan, layer, state)
+    for pos in range(0, ctx, 256):
+        n = min(256, ctx - pos)
+        kk = np.ascontiguousarray(k_all[:, pos : pos + n].transpose(1, 0, 2).reshape(n, -1))
+        vv = np.ascontiguousarray(v_all[:, pos : pos + n].transpose(1, 0, 2).reshape(n, -1))
+        f_app(*args, tvm.runtime.tensor(kk), tvm.runtime.tensor(vv), pos, layer, 0, 0)
+    q = rng.standard_normal((1, H * hd)).astype(np.float32)
+    out = tvm.runtime.tensor(np.zeros((1, H * hd), np.float32))
+    f_dec(tvm.runtime.tensor(q), *args, tvm.runtime.tensor(DENSE), ctx - 1, layer, 0, 0, out)
+    assert np.abs(out.numpy()[0] - attend_ref(plan, layer, k_all, v_all, q[0], ctx - 1, H, INT)).max() < 2e-4
+
+
+def _filled(plan, layer, ctx, seed, step=100):
+    """Kernels and a state holding ctx appended tokens (random K/V, with a few strong keys)."""
+    import tvm
+
+    H = 9
+    Hkv, hd = plan.n_kv_heads, plan.head_dim
+    append_req, (pre_req, dec_req) = _requests(plan, H, layer)
+    f_app = build(build_request(append_req)[1])["kv_append"]
+    f_pre = build(build_request(pre_req)[1])["attention"]
+    f_dec = build(build_request(dec_req, {"chunk": 128})[1])["attention"]
+    rng = np.random.default_rng(seed)
+    k = rng.standard_normal((Hkv, ctx, hd)).astype(np.float32)
+    k[:, rng.integers(0, ctx, 12)] *= 4  # a few keys that some query heads will want
+    v = rng.standard_normal((Hkv, ctx, hd)).astype(np.float32)
+    state = [tvm.runtime.tensor(a) for a in empty_state(plan, ctx)]
+    args = layer_args(plan, layer, state)
+    kslot, vslot = plan.slot("k", layer)[1], plan.slot("v", layer)[1]
+    return H, k, v, state, args, (kslot, vslot), f_app, f_pre, f_dec, rng
+
+
+def _append(f_app, args, k, v, pos, n, layer, slots):
+    import tvm
+
+    kk = np.ascontiguousarray(k[:, pos : pos + n].transpose(1, 0, 2).reshape(n, -1))
+    vv = np.ascontiguousarray(v[:, pos : pos + n].transpose(1, 0, 2).reshape(n, -1))
+    f_app(*args, tvm.runtime.tensor(kk), tvm.runtime.tensor(vv), pos, layer, *slots)
+
+
+@pytest.mark.parametrize("kt,vt", [(F16, F16), (Q8, Q8), (Q4, Q8)])
+def test_sparse_attention_reads_sinks_window_and_top_k(kt, vt):
+    """Without widening, decode and prefill read exactly sinks + window + the top-K blocks by bound."""
+    import tvm
+
+    plan = KVPlan.uniform(1, 3, 64, kt, vt, max_chunk=100)
+    ctx, sinks, window, topk = 1400, 4, 200, 3
+    H, k, v, state, args, slots, f_app, f_pre, f_dec, rng = _filled(plan, 0, ctx, 3)
+    cfg = tvm.runtime.tensor(AttentionConfig(sinks=sinks, window=window, topk=topk, widen=0).as_array())
+    worst = 0.0
+    for pos in range(0, ctx, 100):
+        n = min(100, ctx - pos)
+        _append(f_app, args, k, v, pos, n, 0, slots)
+        q = rng.standard_normal((n, H * 64)).astype(np.float32)
+        out = tvm.runtime.tensor(np.zeros((n, H * 64), np.float32))
+        f_pre(tvm.runtime.tensor(q), *args, cfg, pos, 0, *slots, out)
+        for i in range(0, n, 7):
+            ref = sparse_ref(plan, 0, k, v, q[i], pos + i, H, sinks, window, topk, INT)
+            worst = max(worst, np.abs(out.numpy()[i] - ref).max())
+    q = rng.standard_normal((1, H * 64)).astype(np.float32)
+    out = tvm.runtime.tensor(np.zeros((1, H * 64), np.float32))
+    f_dec(tvm.runtime.tensor(q), *args, cfg, ctx - 1, 0, *slots, out)
+    worst = max(worst, np.abs(out.numpy()[0] - sparse_ref(plan, 0, k, v, q[0], ctx - 1, H, sinks, window, topk, INT)).max())
+    assert worst < 2e-4, worst
+
+
+@pytest.mark.parametrize("kt,vt", [(F16, F16), (Q4, Q4)])
+def test_widening_to_everything_equals_dense(kt, vt):
+    """With enough widening and an infinite margin, sparse attention reads every block: it equals dense."""
+    import tvm
+
+    plan = KVPlan.uniform(1, 3, 64, kt, vt, max_chunk=100)
+    ctx = 1000
+    H, k, v, state, args, slots, f_app, f_pre, f_dec, rng = _filled(plan, 0, ctx, 4)
+    for pos in range(0, ctx, 100):
+        _append(f_app, args, k, v, pos, 100, 0, slots)
+    wide = tvm.runtime.tensor(AttentionConfig(window=128, topk=2, widen=100, margin=1e30).as_array())
+    dense = tvm.runtime.tensor(DENSE)
+    q = rng.standard_normal((5, H * 64)).astype(np.float32)
+    for f, n in ((f_dec, 1), (f_pre, 5)):
+        a, b = (tvm.runtime.tensor(np.zeros((n, H * 64), np.float32)) for _ in range(2))
+        f(tvm.runtime.tensor(q[:n]), *args, wide, ctx - n, 0, *slots, a)
+        f(tvm.runtime.tensor(q[:n]), *args, dense, ctx - n, 0, *slots, b)
+        assert np.abs(a.numpy() - b.numpy()).max() < 1e-5
+
+
+def test_prefill_equals_decode_token_by_token():
+    """The block-sparse prefill kernel gives each row what the decode kernel gives that token alone."""
+    import tvm
+
+    plan = KVPlan.uniform(1, 3, 64, Q8, Q4, max_chunk=100)
+    ctx = 1300
+    H, k, v, state, args, slots, f_app, f_pre, f_dec, rng = _filled(plan, 0, ctx, 5)
+    for pos in range(0, ctx - 100, 100):
+        _append(f_app, args, k, v, pos, 100, 0, slots)
+    pos = ctx - 100
+    _append(f_app, args, k, v, pos, 100, 0, slots)
+    cfg = tvm.runtime.tensor(AttentionConfig(window=256, topk=4, widen=4, margin=2.0).as_array())
+    q = rng.standard_normal((100, H * 64)).astype(np.float32)
+    out = tvm.runtime.tensor(np.zeros((100, H * 64), np.float32))
+    f_pre(tvm.runtime.tensor(q), *args, cfg, pos, 0, *slots, out)
+    one = tvm.runtime.tensor(np.zeros((1, H * 64), np.float32))
+    for i in range(0, 100, 9):
+        f_dec(tvm.runtime.tensor(q[i : i + 1]), *args, cfg, pos + i, 0, *slots, one)
+        # the same blocks and arithmetic; only the summation order differs (split-K partials, then a merge)
+        assert np.abs(one.numpy()[0] - out.numpy()[i]).max() < 5e-5
