@@ -146,13 +146,32 @@ def block_bounds_ref(plan: KVPlan, layer: int, ks: np.ndarray, q: np.ndarray, h:
 
 
 def sparse_ref(plan: KVPlan, layer: int, k: np.ndarray, v: np.ndarray, q: np.ndarray, t: int, H: int,
-               sinks: int, window: int, topk: int, int_scores: bool) -> np.ndarray:
-    """Block-sparse attention of one query at position t (no widening): sink blocks, the block-aligned window,
-    and the top-K remote blocks by bound, each KV head choosing for its G query heads."""
+               sinks: int, window: int, topk: int, int_scores: bool, widen: int = 0, margin: float = 0.0) -> np.ndarray:
+    """Block-sparse attention of one query at position t: sink blocks, the block-aligned window, and the
+    top-K remote blocks by bound, each KV head choosing for its G query heads; then widening: while the
+    best unread candidate's bound exceeds the lowest of the G heads' best scores minus `margin`, read it
+    (at most `widen` blocks, in decreasing bound order)."""
+    B = plan.block
+    G = H // k.shape[0]
     rd = np.float32 if plan.ring_dtype == "float32" else np.float16
     raw = k[:, : t + 1].astype(rd).astype(np.float64)
-    keys = [sparse_keys(plan, t, sinks, window, topk, lambda n: block_bounds_ref(plan, layer, raw, q, h, n, H))
-            for h in range(k.shape[0])]
+    s = scores_ref(plan, layer, k, q, t, H, int_scores)
+    keys = []
+    for h in range(k.shape[0]):
+        bounds = {}
+        kept = sparse_keys(plan, t, sinks, window, topk, lambda n: bounds.setdefault("all", block_bounds_ref(plan, layer, raw, q, h, n, H)))
+        if "all" in bounds and widen:
+            wb = len(bounds["all"])
+            sb = min(-(-sinks // B), wb)
+            read = set(kept.tolist())
+            unread = sorted((b for b in range(sb, wb) if b * B not in read), key=lambda b: (-bounds["all"][b], b))
+            for b in unread[:widen]:
+                m_low = min(s[h * G + g, sorted(read)].max() for g in range(G))
+                if not bounds["all"][b] > m_low - margin:
+                    break
+                read |= set(range(b * B, (b + 1) * B))
+            kept = np.array(sorted(read))
+        keys.append(kept)
     return attend_ref(plan, layer, k, v, q, t, H, int_scores, keys)
 
 

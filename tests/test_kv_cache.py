@@ -191,6 +191,30 @@ def test_sparse_attention_reads_sinks_window_and_top_k(kt, vt):
     assert worst < 2e-4, worst
 
 
+@pytest.mark.parametrize("margin", [0.0, 3.0])
+def test_widening_reads_the_next_blocks_by_bound(margin):
+    """Widening adds, in decreasing bound order, the unread blocks whose bound is within `margin` of the
+    lowest best score of the KV head's query heads, at most `widen` of them: as the NumPy model does."""
+    import tvm
+
+    plan = KVPlan.uniform(1, 3, 64, Q8, Q8, max_chunk=100)
+    ctx = 1400
+    H, k, v, state, args, slots, f_app, f_pre, f_dec, rng = _filled(plan, 0, ctx, 6)
+    for pos in range(0, ctx, 100):
+        _append(f_app, args, k, v, pos, 100, 0, slots)
+    cfg = AttentionConfig(window=200, topk=3, widen=4, margin=margin)
+    arr = tvm.runtime.tensor(cfg.as_array())
+    q = rng.standard_normal((4, H * 64)).astype(np.float32)
+    out = tvm.runtime.tensor(np.zeros((4, H * 64), np.float32))
+    f_pre(tvm.runtime.tensor(q), *args, arr, ctx - 4, 0, *slots, out)
+    one = tvm.runtime.tensor(np.zeros((1, H * 64), np.float32))
+    f_dec(tvm.runtime.tensor(q[3:]), *args, arr, ctx - 1, 0, *slots, one)
+    for i in range(4):
+        want = sparse_ref(plan, 0, k, v, q[i], ctx - 4 + i, H, cfg.sinks, cfg.window, cfg.topk, INT, cfg.widen, margin)
+        assert np.abs(out.numpy()[i] - want).max() < 2e-4
+    assert np.abs(one.numpy()[0] - out.numpy()[3]).max() < 5e-5
+
+
 @pytest.mark.parametrize("kt,vt", [(F16, F16), (Q4, Q4)])
 def test_widening_to_everything_equals_dense(kt, vt):
     """With enough widening and an infinite margin, sparse attention reads every block: it equals dense."""

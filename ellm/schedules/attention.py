@@ -260,39 +260,55 @@ def _selection(kv, qy, G, kvh, kslot, sh: _Shape, bounds, bbase, sel, sbase, cou
     return thr
 
 
-def _widen(kv, qy: _Query, layer, kslot, vslot, kvh, sh: _Shape, bounds, bbase, thr, last_sel, states) -> None:
+def _widen(kv, qy: _Query, layer, kslot, vslot, kvh, sh: _Shape, bounds, bbase, thr, last_sel, states, sel, sbase,
+           count) -> None:
     """Dynamic widening for the G query heads of KV head kvh (they share blocks, as the selection does):
     while the best unread block's bound (the largest over the G heads) is within `margin` of the lowest of
     the heads' best scores read so far, read it too for all G heads (at most `widen` blocks), in decreasing
-    bound order."""
-    prev = I.alloc_buffer((2,), "float32")  # bound and index of the last block added
-    best = I.alloc_buffer((2,), "float32")
+    bound order. The unread blocks that can be reached are the `widen` next ones by bound: found once (a
+    second bisection) and listed after the selection in sel[sbase + count :], so each step scans only them."""
+    thr2 = I.alloc_buffer((1,), "float32")
+    nw = I.alloc_buffer((1,), "int64")
+    I.buffer_store(nw, tirx.IntImm("int64", 0), [0])
+    with I.If(sh.widen > 0):
+        with I.Then():
+            k2 = I.Bind(tirx.min(sh.topk + sh.widen, sh.n_cand))
+            with I.If(k2 < sh.n_cand):
+                with I.Then():
+                    I.buffer_store(thr2, top_k_threshold(bounds, bbase, sh.n_cand, k2), [0])
+                with I.Else():
+                    I.buffer_store(thr2, _f32(NEG), [0])
+            with I.serial(0, sh.n_cand) as i:
+                u = bounds[bbase + i]
+                selected = tirx.all(u >= thr[0], tirx.Cast("int64", last_sel) >= sh.sb + i)
+                with I.If(tirx.all(tirx.Not(selected), u >= thr2[0])):
+                    with I.Then():
+                        I.buffer_store(sel, tirx.Cast("int32", i), [sbase + count + nw[0]])
+                        I.buffer_store(nw, nw[0] + 1, [0])
+    best = I.alloc_buffer((1,), "float32")
+    at = I.alloc_buffer((1,), "int32")  # position in the list of the best unread block, -1: none
     go = I.alloc_buffer((1,), "int32")
-    I.buffer_store(prev, _f32(-NEG), [0])
-    I.buffer_store(prev, _f32(-1.0), [1])
     I.buffer_store(go, tirx.const(1, "int32"), [0])
     with I.serial(0, sh.widen):
         with I.If(go[0] == 1):
             with I.Then():
                 I.buffer_store(best, _f32(NEG), [0])
-                I.buffer_store(best, _f32(-1.0), [1])
-                with I.serial(0, sh.n_cand) as b:
-                    u = bounds[bbase + b]
-                    bf = tirx.Cast("float32", sh.sb + b)
-                    selected = tirx.all(u >= thr[0], tirx.Cast("int64", last_sel) >= sh.sb + b)
-                    after_prev = tirx.any(u < prev[0], tirx.all(u == prev[0], bf > prev[1]))
-                    with I.If(tirx.all(tirx.Not(selected), after_prev, u > best[0])):
+                I.buffer_store(at, tirx.const(-1, "int32"), [0])
+                with I.serial(0, nw[0]) as j:
+                    i = tirx.Cast("int64", sel[sbase + count + j])
+                    with I.If(tirx.all(i >= 0, bounds[bbase + tirx.max(i, 0)] > best[0])):
                         with I.Then():
-                            I.buffer_store(best, u, [0])
-                            I.buffer_store(best, bf, [1])
+                            I.buffer_store(best, bounds[bbase + tirx.max(i, 0)], [0])
+                            I.buffer_store(at, tirx.Cast("int32", j), [0])
                 m_low = states[0].m[0]
                 for st in states[1:]:
                     m_low = tirx.min(m_low, st.m[0])
-                with I.If(tirx.all(best[1] >= _f32(0.0), best[0] > m_low - sh.margin)):
+                with I.If(tirx.all(at[0] >= 0, best[0] > m_low - sh.margin)):
                     with I.Then():
-                        _attend_block(kv, qy, layer, kslot, vslot, kvh, tirx.Cast("int64", best[1]), sh.n_ctx, False, states)
-                        I.buffer_store(prev, best[0], [0])
-                        I.buffer_store(prev, best[1], [1])
+                        where = sbase + count + at[0]
+                        blk = I.Bind(sh.sb + tirx.Cast("int64", sel[where]))
+                        _attend_block(kv, qy, layer, kslot, vslot, kvh, blk, sh.n_ctx, False, states)
+                        I.buffer_store(sel, tirx.const(-1, "int32"), [where])
                     with I.Else():
                         I.buffer_store(go, tirx.const(0, "int32"), [0])
 
@@ -388,7 +404,7 @@ def _prefill(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: i
         with I.If(sh.dense == 0):
             with I.Then():
                 last = tirx.Select(cnt > 0, sel[sbase + tirx.max(cnt - 1, 0)], -1)
-                _widen(kv, qy, layer, kslot, vslot, kvh, sh, bounds, task * NBp, thr, last, states)
+                _widen(kv, qy, layer, kslot, vslot, kvh, sh, bounds, task * NBp, thr, last, states, sel, sbase, cnt)
         _finish(out, t, kvh, G, hd, states)
 
 
@@ -452,7 +468,8 @@ def _decode(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: in
                 qy = _Query(q, 0, kvh * G, G, hd, scale, kv.int_scores)
                 thr = I.alloc_buffer((1,), "float32")
                 I.buffer_store(thr, thrs[kvh], [0])
-                _widen(kv, qy, layer, kslot, vslot, kvh, sh, bounds, kvh * NBp, thr, lasts[kvh], states)
+                _widen(kv, qy, layer, kslot, vslot, kvh, sh, bounds, kvh * NBp, thr, lasts[kvh], states, sel, kvh * kv.nb,
+                       tirx.Cast("int64", n_list[kvh]))
         _finish(out, 0, kvh, G, hd, states)
 
 
