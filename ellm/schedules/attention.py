@@ -22,26 +22,11 @@ from tvm.tirx.script.builder import ir as I
 from ..compiler.graph import OpKind
 from ..kv.plan import KVPlan, KVType
 from ..targets import TargetPreset
-from .kv_blocks import F32, L, KVBuffers, k_codes_f32, k_codes_group_u8, v_codes_f32
+from .kv_blocks import F32, L, KVBuffers, bc, f32, k_codes_f32, k_codes_group_u8, ramp, v_codes_f32
 from .rule import KernelRequest, Knob, Rule
-from .sparse_select import block_bounds, collect_selected, top_k_threshold
+from .sparse_select import NEG, block_bounds, collect_selected, top_k_threshold
 from .vecmath import exp_f32, hmax, hsum
 from .vnni import vpdpbusd
-
-NEG = -3.0e38
-
-
-def _ramp(base, n=L):
-    return tirx.Ramp(base, 1, n)
-
-
-def _bc(v, n=L):
-    return tirx.Broadcast(v, n)
-
-
-def _f32(v):
-    return tirx.const(v, "float32")
-
 
 class _State:
     """Online-softmax state of one query head: small separate stack buffers, so LLVM keeps them in
@@ -55,17 +40,17 @@ class _State:
         self.s = I.alloc_buffer((L,), "float32")  # scores of the current 16 keys
         self.p = I.alloc_buffer((L,), "float32")  # their probabilities
         self.hd = hd
-        I.buffer_store(self.m, _f32(NEG), [0])
-        I.buffer_store(self.l, _f32(0.0), [0])
-        I.buffer_store(self.mv, _f32(0.0), [0])
+        I.buffer_store(self.m, f32(NEG), [0])
+        I.buffer_store(self.l, f32(0.0), [0])
+        I.buffer_store(self.mv, f32(0.0), [0])
         for c in range(hd // L):
-            I.buffer_store(self.acc, _bc(_f32(0.0)), [_ramp(c * L)])
+            I.buffer_store(self.acc, bc(f32(0.0)), [ramp(c * L)])
 
     def fold(self) -> None:
         """acc += the value mins' share (kept as one scalar per key instead of hd/16 vector adds)."""
         for c in range(self.hd // L):
-            I.buffer_store(self.acc, self.acc[_ramp(c * L)] + _bc(self.mv[0]), [_ramp(c * L)])
-        I.buffer_store(self.mv, _f32(0.0), [0])
+            I.buffer_store(self.acc, self.acc[ramp(c * L)] + bc(self.mv[0]), [ramp(c * L)])
+        I.buffer_store(self.mv, f32(0.0), [0])
 
 
 class _Query:
@@ -85,7 +70,7 @@ class _Query:
             self.slo = I.alloc_buffer((G * L,), "int32")
         for g in range(G):
             for c in range(hd // L):
-                I.buffer_store(self.qs, q[t, _ramp((head0 + g) * hd + c * L)] * _bc(_f32(scale)), [_ramp(g * hd + c * L)])
+                I.buffer_store(self.qs, q[t, ramp((head0 + g) * hd + c * L)] * bc(f32(scale)), [ramp(g * hd + c * L)])
 
 
 def _attend_block(kv: KVBuffers, qy: _Query, layer, kslot, vslot, kvh, b, limit, ring: bool, states) -> None:
@@ -96,12 +81,12 @@ def _attend_block(kv: KVBuffers, qy: _Query, layer, kslot, vslot, kvh, b, limit,
     slot = kv.ring_slot(b)
     if not kt.is_float:  # per-block key scales and mins folded into the query
         for g in range(G):
-            acc = _bc(_f32(0.0))
+            acc = bc(f32(0.0))
             for c in range(hd // L):
-                mn = tirx.Cast(F32, kv.k_side[kslot, kvh, b, 0, _ramp(c * L)])
-                sc = tirx.Cast(F32, kv.k_side[kslot, kvh, b, 1, _ramp(c * L)])
-                qv = qy.qs[_ramp(g * hd + c * L)]
-                I.buffer_store(qy.qk, qv * sc, [_ramp(g * hd + c * L)])
+                mn = tirx.Cast(F32, kv.k_side[kslot, kvh, b, 0, ramp(c * L)])
+                sc = tirx.Cast(F32, kv.k_side[kslot, kvh, b, 1, ramp(c * L)])
+                qv = qy.qs[ramp(g * hd + c * L)]
+                I.buffer_store(qy.qk, qv * sc, [ramp(g * hd + c * L)])
                 acc = acc + qv * mn
             I.buffer_store(qy.kc, hsum(acc), [g])
     int_scores = kv.int_scores and not ring
@@ -111,55 +96,55 @@ def _attend_block(kv: KVBuffers, qy: _Query, layer, kslot, vslot, kvh, b, limit,
 
     def key_vec(d, sub):
         if ring:
-            return tirx.Cast(F32, kv.ring_k[layer, kvh, slot, sub, d, _ramp(0)])
+            return tirx.Cast(F32, kv.ring_k[layer, kvh, slot, sub, d, ramp(0)])
         if kt.is_float:
-            return tirx.Cast(F32, kv.k_store[kslot, kvh, b, sub, d, _ramp(0)])
+            return tirx.Cast(F32, kv.k_store[kslot, kvh, b, sub, d, ramp(0)])
         return k_codes_f32(kv.k_store, (kslot, kvh, b, d), kt, sub)
 
     with I.serial(0, tirx.min(B // L, (limit - b * B + L - 1) // L)) as sub:
         if int_scores:  # sum_d q16_d code_d exactly in int32, 4 channels per vpdpbusd and half
             for g in range(G):
                 for acc in (qy.shi, qy.slo):
-                    I.buffer_store(acc, _bc(tirx.const(0, "int32")), [_ramp(g * L)])
+                    I.buffer_store(acc, bc(tirx.const(0, "int32")), [ramp(g * L)])
             with I.serial(0, hd // 4) as w:
                 codes = I.Bind(tirx.reinterpret("int8x64", k_codes_group_u8(kv.k_store, (kslot, kvh, b), kt, sub, w)))
                 for g in range(G):
                     for acc, half in ((qy.shi, qy.qhi), (qy.slo, qy.qlo)):
                         word = tirx.reinterpret("int32", half[tirx.Ramp(g * hd + 4 * w, 1, 4)])
                         qb = tirx.reinterpret("int8x64", tirx.Broadcast(word, L))
-                        I.buffer_store(acc, vpdpbusd(acc[_ramp(g * L)], codes, qb), [_ramp(g * L)])
+                        I.buffer_store(acc, vpdpbusd(acc[ramp(g * L)], codes, qb), [ramp(g * L)])
             for g, st in enumerate(states):
-                si = (qy.shi[_ramp(g * L)] << _bc(tirx.const(8, "int32"))) + qy.slo[_ramp(g * L)]
-                I.buffer_store(st.s, _bc(qy.kc[g]) + _bc(qy.qf[g]) * tirx.Cast(F32, si), [_ramp(0)])
+                si = (qy.shi[ramp(g * L)] << bc(tirx.const(8, "int32"))) + qy.slo[ramp(g * L)]
+                I.buffer_store(st.s, bc(qy.kc[g]) + bc(qy.qf[g]) * tirx.Cast(F32, si), [ramp(0)])
         else:
             for g, st in enumerate(states):
-                I.buffer_store(st.s, _bc(qy.kc[g]) if not kt.is_float else _bc(_f32(0.0)), [_ramp(0)])
+                I.buffer_store(st.s, bc(qy.kc[g]) if not kt.is_float else bc(f32(0.0)), [ramp(0)])
             with I.serial(0, hd) as d:
                 kvec = I.Bind(key_vec(d, sub))
                 for g, st in enumerate(states):
-                    I.buffer_store(st.s, st.s[_ramp(0)] + _bc(qk[g * hd + d]) * kvec, [_ramp(0)])
+                    I.buffer_store(st.s, st.s[ramp(0)] + bc(qk[g * hd + d]) * kvec, [ramp(0)])
         base = b * B + sub * L
-        valid = _ramp(base) < _bc(limit)
+        valid = ramp(base) < bc(limit)
         n_valid = I.Bind(tirx.min(tirx.IntImm("int64", L), limit - base))
         for st in states:
-            sc = I.Bind(tirx.Select(valid, st.s[_ramp(0)], _bc(_f32(NEG))))
+            sc = I.Bind(tirx.Select(valid, st.s[ramp(0)], bc(f32(NEG))))
             m_old = st.m[0]
             m_new = I.Bind(tirx.max(m_old, hmax(sc)))
             corr = I.Bind(exp_f32(m_old - m_new))
-            I.buffer_store(st.p, exp_f32(sc - _bc(m_new)), [_ramp(0)])
-            I.buffer_store(st.l, st.l[0] * corr + hsum(st.p[_ramp(0)]), [0])
+            I.buffer_store(st.p, exp_f32(sc - bc(m_new)), [ramp(0)])
+            I.buffer_store(st.l, st.l[0] * corr + hsum(st.p[ramp(0)]), [0])
             I.buffer_store(st.m, m_new, [0])
             if not kv.vt.is_float:  # also in ring blocks: mv may hold store blocks' share
                 I.buffer_store(st.mv, st.mv[0] * corr, [0])
             for c in range(hd // L):
-                I.buffer_store(st.acc, st.acc[_ramp(c * L)] * _bc(corr), [_ramp(c * L)])
+                I.buffer_store(st.acc, st.acc[ramp(c * L)] * bc(corr), [ramp(c * L)])
         # V: only rows that exist (beyond the limit the cache holds stale or uninitialised values)
         with I.serial(0, n_valid) as jj:
             j = sub * L + jj
             if ring:
-                rows = [I.Bind(tirx.Cast(F32, kv.ring_v[layer, kvh, slot, j, _ramp(c * L)])) for c in range(hd // L)]
+                rows = [I.Bind(tirx.Cast(F32, kv.ring_v[layer, kvh, slot, j, ramp(c * L)])) for c in range(hd // L)]
             elif vt.is_float:
-                rows = [I.Bind(tirx.Cast(F32, kv.v_store[vslot, kvh, b, j, _ramp(c * L)])) for c in range(hd // L)]
+                rows = [I.Bind(tirx.Cast(F32, kv.v_store[vslot, kvh, b, j, ramp(c * L)])) for c in range(hd // L)]
             else:
                 rows = [I.Bind(v_codes_f32(kv.v_store, (vslot, kvh, b, j), vt, c, hd)) for c in range(hd // L)]
                 vmin = I.Bind(tirx.Cast("float32", kv.v_params[vslot, kvh, b, j, 0]))
@@ -167,12 +152,12 @@ def _attend_block(kv: KVBuffers, qy: _Query, layer, kslot, vslot, kvh, b, limit,
             for st in states:
                 pj = st.p[jj]
                 if ring or vt.is_float:
-                    w = _bc(pj)
+                    w = bc(pj)
                 else:
-                    w = _bc(pj * vsc)
+                    w = bc(pj * vsc)
                     I.buffer_store(st.mv, st.mv[0] + pj * vmin, [0])
                 for c in range(hd // L):
-                    a = _ramp(c * L)
+                    a = ramp(c * L)
                     I.buffer_store(st.acc, st.acc[a] + w * rows[c], [a])
 
 
@@ -185,19 +170,19 @@ def _quantise_query(qy: _Query) -> None:
     hd = qy.hd
     i32 = f"int32x{L}"
     for g in range(qy.G):
-        vecs = [qy.qk[_ramp(g * hd + c * L)] for c in range(hd // L)]
+        vecs = [qy.qk[ramp(g * hd + c * L)] for c in range(hd // L)]
         mx = tirx.abs(vecs[0])
         for v in vecs[1:]:
             mx = tirx.max(mx, tirx.abs(v))
         amax = I.Bind(hmax(mx))
-        inv = I.Bind(tirx.Select(amax > _f32(0.0), _f32(float(Q16)) / amax, _f32(0.0)))
-        I.buffer_store(qy.qf, amax / _f32(float(Q16)), [g])
+        inv = I.Bind(tirx.Select(amax > f32(0.0), f32(float(Q16)) / amax, f32(0.0)))
+        I.buffer_store(qy.qf, amax / f32(float(Q16)), [g])
         for c, v in enumerate(vecs):
-            q16 = I.Bind(tirx.Cast(i32, tirx.floor(v * _bc(inv) + _bc(_f32(0.5)))))
-            lo = I.Bind(((q16 + _bc(tirx.const(128, "int32"))) & _bc(tirx.const(255, "int32"))) - _bc(tirx.const(128, "int32")))
-            hi = (q16 - lo) >> _bc(tirx.const(8, "int32"))
-            I.buffer_store(qy.qlo, tirx.Cast(f"int8x{L}", lo), [_ramp(g * hd + c * L)])
-            I.buffer_store(qy.qhi, tirx.Cast(f"int8x{L}", hi), [_ramp(g * hd + c * L)])
+            q16 = I.Bind(tirx.Cast(i32, tirx.floor(v * bc(inv) + bc(f32(0.5)))))
+            lo = I.Bind(((q16 + bc(tirx.const(128, "int32"))) & bc(tirx.const(255, "int32"))) - bc(tirx.const(128, "int32")))
+            hi = (q16 - lo) >> bc(tirx.const(8, "int32"))
+            I.buffer_store(qy.qlo, tirx.Cast(f"int8x{L}", lo), [ramp(g * hd + c * L)])
+            I.buffer_store(qy.qhi, tirx.Cast(f"int8x{L}", hi), [ramp(g * hd + c * L)])
 
 
 def _attend(kv, qy, layer, kslot, vslot, kvh, b, limit, first_ring, states) -> None:
@@ -212,9 +197,9 @@ def _attend(kv, qy, layer, kslot, vslot, kvh, b, limit, first_ring, states) -> N
 def _finish(out, t, kvh, G: int, hd: int, states) -> None:
     for g, st in enumerate(states):
         st.fold()
-        inv = I.Bind(_f32(1.0) / st.l[0])
+        inv = I.Bind(f32(1.0) / st.l[0])
         for c in range(hd // L):
-            I.buffer_store(out, st.acc[_ramp(c * L)] * _bc(inv), [t, _ramp((kvh * G + g) * hd + c * L)])
+            I.buffer_store(out, st.acc[ramp(c * L)] * bc(inv), [t, ramp((kvh * G + g) * hd + c * L)])
 
 
 def kv_plan_of(req: KernelRequest) -> tuple[KVPlan, KVType, KVType]:
@@ -255,7 +240,7 @@ def _selection(kv, qy, G, kvh, kslot, sh: _Shape, bounds, bbase, sel, sbase, cou
         with I.Then():
             I.buffer_store(thr, top_k_threshold(bounds, bbase, sh.n_cand, sh.topk), [0])
         with I.Else():
-            I.buffer_store(thr, _f32(-NEG), [0])
+            I.buffer_store(thr, f32(-NEG), [0])
     collect_selected(bounds, bbase, sh.sb, sh.n_cand, thr[0], sh.topk, sel, sbase, count)
     return thr
 
@@ -277,7 +262,7 @@ def _widen(kv, qy: _Query, layer, kslot, vslot, kvh, sh: _Shape, bounds, bbase, 
                 with I.Then():
                     I.buffer_store(thr2, top_k_threshold(bounds, bbase, sh.n_cand, k2), [0])
                 with I.Else():
-                    I.buffer_store(thr2, _f32(NEG), [0])
+                    I.buffer_store(thr2, f32(NEG), [0])
             with I.serial(0, sh.n_cand) as i:
                 u = bounds[bbase + i]
                 selected = tirx.all(u >= thr[0], tirx.Cast("int64", last_sel) >= sh.sb + i)
@@ -292,7 +277,7 @@ def _widen(kv, qy: _Query, layer, kslot, vslot, kvh, sh: _Shape, bounds, bbase, 
     with I.serial(0, sh.widen):
         with I.If(go[0] == 1):
             with I.Then():
-                I.buffer_store(best, _f32(NEG), [0])
+                I.buffer_store(best, f32(NEG), [0])
                 I.buffer_store(at, tirx.const(-1, "int32"), [0])
                 with I.serial(0, nw[0]) as j:
                     i = tirx.Cast("int64", sel[sbase + count + j])
@@ -334,10 +319,7 @@ def build_attention(req: KernelRequest, chunk: int, int_scores: bool = False):
             q = I.arg("q", I.buffer((n, H * hd), "float32"))  # [T, n_heads * head_dim], rotated
             kv = KVBuffers.declare(plan, kt, vt, int_scores)
             attn = I.arg("attn", I.buffer((5,), "float32"))  # [sinks, window, topk, widen, margin]
-            pos = I.arg("pos", tirx.Var("pos", "int64"))
-            layer = I.arg("layer", tirx.Var("layer", "int64"))
-            kslot = I.arg("kslot", tirx.Var("kslot", "int64"))
-            vslot = I.arg("vslot", tirx.Var("vslot", "int64"))
+            pos, layer, kslot, vslot = KVBuffers.step_args()
             out = I.arg("out", I.buffer((n, H * hd), "float32"))
             ctx = (q, kv, attn, pos, layer, kslot, vslot, out, Hkv, G, hd, scale)
             if req.m == 1 and chunk:
@@ -451,7 +433,7 @@ def _decode(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: in
             I.buffer_store(part_st, st.m[0], [(task * G + g) * 2])
             I.buffer_store(part_st, st.l[0], [(task * G + g) * 2 + 1])
             for cc in range(hd // L):
-                I.buffer_store(part_acc, st.acc[_ramp(cc * L)], [_ramp((task * G + g) * hd + cc * L)])
+                I.buffer_store(part_acc, st.acc[ramp(cc * L)], [ramp((task * G + g) * hd + cc * L)])
     with I.parallel(0, Hkv) as kvh:
         states = [_State(hd) for _ in range(G)]
         for g, st in enumerate(states):
@@ -462,7 +444,7 @@ def _decode(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: in
                 w = I.Bind(exp_f32(part_st[base * 2] - st.m[0]))
                 I.buffer_store(st.l, st.l[0] + part_st[base * 2 + 1] * w, [0])
                 for cc in range(hd // L):
-                    I.buffer_store(st.acc, st.acc[_ramp(cc * L)] + part_acc[_ramp(base * hd + cc * L)] * _bc(w), [_ramp(cc * L)])
+                    I.buffer_store(st.acc, st.acc[ramp(cc * L)] + part_acc[ramp(base * hd + cc * L)] * bc(w), [ramp(cc * L)])
         with I.If(sh.dense == 0):
             with I.Then():
                 qy = _Query(q, 0, kvh * G, G, hd, scale, kv.int_scores)

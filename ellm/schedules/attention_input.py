@@ -66,10 +66,7 @@ def build_attention_input(req: KernelRequest, tokens_per_tile: int, prefetch_byt
             gain = I.arg("norm", I.buffer((K,), "float32"))
             bias = I.arg("bias", I.buffer((N,), "float32")) if "bias" in req.vectors else None
             tab = I.arg("rope", I.buffer((tirx.Var("C", "int64"), rope_dim), "float32"))
-            pos = I.arg("pos", tirx.Var("pos", "int64"))
-            layer = I.arg("layer", tirx.Var("layer", "int64"))
-            kslot = I.arg("kslot", tirx.Var("kslot", "int64"))
-            vslot = I.arg("vslot", tirx.Var("vslot", "int64"))
+            pos, layer, kslot, vslot = KVBuffers.step_args()
             q_out = I.arg("q", I.buffer((n_tok, H * hd), "float32"))
             acts = Acts.alloc(n_tok, K, bits)
             with (I.serial if req.m == 1 else I.parallel)(0, n_tok) as t:

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tvm import tirx
-from tvm.script.ir_builder import IRBuilder  # noqa: F401  (re-exported for kernels)
 from tvm.tirx.script.builder import ir as I
 
 from ..kv.plan import KVPlan, KVType
@@ -20,15 +19,17 @@ L = 16  # lanes: keys per score vector, channels per value vector
 F32 = f"float32x{L}"
 
 
-def _ramp(base, n=L):
+def ramp(base, n=L):
+    """Lanes base .. base + n - 1 (a vector index)."""
     return tirx.Ramp(base, 1, n)
 
 
-def _bc(v, n=L):
+def bc(v, n=L):
+    """`v` broadcast to n lanes."""
     return tirx.Broadcast(v, n)
 
 
-def _f32(v):
+def f32(v):
     return tirx.const(v, "float32")
 
 
@@ -67,6 +68,12 @@ class KVBuffers:
         v_params = arg(vs[1]) if len(vs) > 1 else None
         return cls(plan, kt, vt, ring_k, ring_v, k_store, k_side, v_store, v_params, nb, int_scores and not kt.is_float)
 
+    @staticmethod
+    def step_args():
+        """The scalar arguments of every cache kernel, after its buffers: (pos, layer, kslot, vslot) = the
+        step's first position, the layer, and the layer's index in its K and V storage classes."""
+        return tuple(I.arg(name, tirx.Var(name, "int64")) for name in ("pos", "layer", "kslot", "vslot"))
+
     @property
     def block(self) -> int:
         return self.plan.block
@@ -92,7 +99,7 @@ class KVBuffers:
     def write_v(self, layer, h, p, vecs) -> None:
         B, dt = self.block, self.plan.ring_dtype
         for j, v in enumerate(vecs):
-            I.buffer_store(self.ring_v, tirx.Cast(f"{dt}x{L}", v), [layer, h, self.ring_slot(p // B), p % B, _ramp(j * L)])
+            I.buffer_store(self.ring_v, tirx.Cast(f"{dt}x{L}", v), [layer, h, self.ring_slot(p // B), p % B, ramp(j * L)])
 
     def write_v_scalar(self, layer, h, p, d, value) -> None:
         B = self.block
@@ -110,7 +117,7 @@ class KVBuffers:
         B, hd = self.block, self.plan.head_dim
         src = (layer, h, self.ring_slot(b))
         with I.serial(0, hd) as d:
-            xs = [I.Bind(tirx.Cast(F32, self.ring_k[(*src, c, d, _ramp(0))])) for c in range(B // L)]
+            xs = [I.Bind(tirx.Cast(F32, self.ring_k[(*src, c, d, ramp(0))])) for c in range(B // L)]
             if self.kt is KVType.Q4:  # tile pair j: tile 2j low nibbles, 2j + 1 high
                 dst = [((kslot, h, b, c // 2, d), c % 2) for c in range(B // L)]
             else:
@@ -121,7 +128,7 @@ class KVBuffers:
         """Ring block b -> the V store; rows are tokens."""
         B, hd = self.block, self.plan.head_dim
         with I.serial(0, B) as j:
-            xs = [I.Bind(tirx.Cast(F32, self.ring_v[layer, h, self.ring_slot(b), j, _ramp(c * L)])) for c in range(hd // L)]
+            xs = [I.Bind(tirx.Cast(F32, self.ring_v[layer, h, self.ring_slot(b), j, ramp(c * L)])) for c in range(hd // L)]
             half = hd // L // 2
             if self.vt is KVType.Q4:  # byte i: channel i low nibble, channel i + hd/2 high
                 dst = [((vslot, h, b, j), c % half * L, c // half) for c in range(hd // L)]
@@ -145,9 +152,9 @@ def _store_row(xs, t: KVType, dst, places, side, side_idx, r, kind: str) -> None
     def index(c):
         if kind == "k":
             prefix, nib = places[c]
-            return [*prefix, _ramp(0)], nib
+            return [*prefix, ramp(0)], nib
         prefix, off, nib = places[c]
-        return [*prefix, _ramp(off)], nib
+        return [*prefix, ramp(off)], nib
 
     def side_at(which):
         return [*side_idx, which, r] if kind == "k" else [*side_idx, r, which]
@@ -160,15 +167,15 @@ def _store_row(xs, t: KVType, dst, places, side, side_idx, r, kind: str) -> None
             I.buffer_store(side, tirx.Cast(side.dtype, hi), side_at(1))
         return
     mn = I.Bind(tirx.Cast("float32", tirx.Cast("float16", lo)))
-    sc16 = I.Bind(tirx.Cast("float16", (hi - mn) / _f32(float(t.qmax))))
+    sc16 = I.Bind(tirx.Cast("float16", (hi - mn) / f32(float(t.qmax))))
     sc = I.Bind(tirx.Cast("float32", sc16))
-    inv = I.Bind(tirx.Select(sc > _f32(0.0), _f32(1.0) / sc, _f32(0.0)))
+    inv = I.Bind(tirx.Select(sc > f32(0.0), f32(1.0) / sc, f32(0.0)))
     I.buffer_store(side, tirx.Cast("float16", mn), side_at(0))
     I.buffer_store(side, sc16, side_at(1))
     codes = []
     for x in xs:
-        q = tirx.floor((x - _bc(mn)) * _bc(inv) + _bc(_f32(0.5)))
-        q = tirx.max(tirx.min(q, _bc(_f32(float(t.qmax)))), _bc(_f32(0.0)))
+        q = tirx.floor((x - bc(mn)) * bc(inv) + bc(f32(0.5)))
+        q = tirx.max(tirx.min(q, bc(f32(float(t.qmax)))), bc(f32(0.0)))
         codes.append(I.Bind(tirx.Cast(f"uint8x{L}", tirx.Cast(f"int32x{L}", q))))
     if t is KVType.Q8:
         for c, code in enumerate(codes):
@@ -179,7 +186,7 @@ def _store_row(xs, t: KVType, dst, places, side, side_idx, r, kind: str) -> None
         idx, nib = index(c)
         pairs.setdefault(str(idx), [idx, None, None])[1 + nib] = code
     for idx, low, high in pairs.values():
-        I.buffer_store(dst, low | (high << _bc(tirx.const(4, "uint8"))), idx)
+        I.buffer_store(dst, low | (high << bc(tirx.const(4, "uint8"))), idx)
 
 
 # --- reading -----------------------------------------------------------------------------
@@ -187,26 +194,26 @@ def k_codes_f32(store, idx, t: KVType, tile):
     """float32x16 of the codes of 16-key tile `tile` at channel row idx = (slot, head, block, ..., d)."""
     slot, h, b, d = idx
     if t is KVType.Q8:
-        return tirx.Cast(F32, store[slot, h, b, tile, d, _ramp(0)])
-    byte = store[slot, h, b, tile // 2, d, _ramp(0)]
+        return tirx.Cast(F32, store[slot, h, b, tile, d, ramp(0)])
+    byte = store[slot, h, b, tile // 2, d, ramp(0)]
     return _nibbles(byte, tile % 2)
 
 
 def v_codes_f32(store, idx, t: KVType, c: int, hd: int):
     """float32x16 of the codes of channels 16c .. 16c+15 of a stored V row idx = (slot, head, block, token)."""
     if t is KVType.Q8:
-        return tirx.Cast(F32, store[(*idx, _ramp(c * L))])
+        return tirx.Cast(F32, store[(*idx, ramp(c * L))])
     half = hd // L // 2
-    return _nibbles(store[(*idx, _ramp(c % half * L))], c // half)
+    return _nibbles(store[(*idx, ramp(c % half * L))], c // half)
 
 
 def _nibbles(byte, high):
     """The low (high = 0) or high nibble of 16 bytes as float32x16; `high` may be a loop expression."""
     wide = tirx.Cast(f"int32x{L}", byte)
     if isinstance(high, int):
-        return tirx.Cast(F32, (wide >> _bc(tirx.const(4 * high, "int32"))) & _bc(tirx.const(15, "int32")))
+        return tirx.Cast(F32, (wide >> bc(tirx.const(4 * high, "int32"))) & bc(tirx.const(15, "int32")))
     shift = tirx.Cast("int32", high * 4)
-    return tirx.Cast(F32, (wide >> _bc(shift)) & _bc(tirx.const(15, "int32")))
+    return tirx.Cast(F32, (wide >> bc(shift)) & bc(tirx.const(15, "int32")))
 
 
 # byte 4k + i of a transposed group <- byte 16i + k of four 16-key channel rows: key k's 4 channels in one

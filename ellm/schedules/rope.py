@@ -121,10 +121,7 @@ class KvAppendRule(Rule):
                 hd = plan.head_dim
                 k = I.arg("k", I.buffer((n, Wk), "float32"))
                 v = I.arg("v", I.buffer((n, Wv), "float32"))
-                pos = I.arg("pos", tirx.Var("pos", "int64"))
-                layer = I.arg("layer", tirx.Var("layer", "int64"))
-                kslot = I.arg("kslot", tirx.Var("kslot", "int64"))
-                vslot = I.arg("vslot", tirx.Var("vslot", "int64"))
+                pos, layer, kslot, vslot = KVBuffers.step_args()
                 with I.parallel(0, n) as t:
                     for h in range(plan.n_kv_heads):
                         with I.serial(0, hd) as d:
@@ -157,10 +154,7 @@ class RopeKvAppendRule(Rule):
                 k0, v0 = H * hd, H * hd + Hkv * hd  # [q | k | v] columns of the fused projection
                 qkv = I.arg("qkv", I.buffer((n, W), "float32"))  # [T, q | k | v]
                 tab = I.arg("rope", I.buffer((tirx.Var("C", "int64"), rd), "float32"))  # [ctx, cos | sin]
-                pos = I.arg("pos", tirx.Var("pos", "int64"))
-                layer = I.arg("layer", tirx.Var("layer", "int64"))
-                kslot = I.arg("kslot", tirx.Var("kslot", "int64"))
-                vslot = I.arg("vslot", tirx.Var("vslot", "int64"))
+                pos, layer, kslot, vslot = KVBuffers.step_args()
                 q = I.arg("q", I.buffer((n, H * hd), "float32"))
                 with I.parallel(0, n) as t:
                     for h in range(H):
