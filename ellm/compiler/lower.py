@@ -247,8 +247,7 @@ def _cache_op_layout(plan: KVPlan, layer: int, kv_index: dict[str, int]) -> tupl
     """(indices into the KV state of the buffers a kernel of this layer takes, K slot, V slot)."""
     kt, kslot = plan.slot("k", layer)
     vt, vslot = plan.slot("v", layer)
-    names = ["ring_k", "ring_v"] + [s.name for s in plan.store_tensors("k", kt)] + [s.name for s in plan.store_tensors("v", vt)]
-    return [kv_index[n] for n in names], kslot, vslot
+    return [kv_index[s.name] for s in plan.layer_tensors(kt, vt)], kslot, vslot
 
 
 def lower(

@@ -163,6 +163,11 @@ class KVPlan:
             return [data]
         return [data, StateTensor(f"v_{t.value}_params", (n, H, "NB", B, 2), "float16")]
 
+    def layer_tensors(self, kt: KVType, vt: KVType) -> list[StateTensor]:
+        """The state tensors a cache kernel of a layer with K class kt and V class vt takes, in argument
+        order: the ring (K, V), then the K store (codes, summary or params) and the V store (codes[, params])."""
+        return self.state_tensors()[:2] + self.store_tensors("k", kt) + self.store_tensors("v", vt)
+
     def state_tensors(self) -> list[StateTensor]:
         """Every tensor of the KV state, in the order the compiled functions take them."""
         L, H, hd, B, RS = self.n_layers, self.n_kv_heads, self.head_dim, self.block, self.ring

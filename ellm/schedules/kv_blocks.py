@@ -55,18 +55,13 @@ class KVBuffers:
 
     @classmethod
     def declare(cls, plan: KVPlan, kt: KVType, vt: KVType, int_scores: bool = False) -> KVBuffers:
+        """The buffers of a layer whose K and V classes are kt and vt, in KVPlan.layer_tensors order."""
         nb = tirx.Var("NB", "int64")
-
-        def arg(st):
-            return I.arg(st.name, I.buffer(tuple(nb if d == "NB" else d for d in st.shape), st.dtype))
-
-        ring = plan.state_tensors()[:2]
-        ring_k, ring_v = arg(ring[0]), arg(ring[1])
-        ks, vs = plan.store_tensors("k", kt), plan.store_tensors("v", vt)
-        k_store, k_side = arg(ks[0]), arg(ks[1])
-        v_store = arg(vs[0])
-        v_params = arg(vs[1]) if len(vs) > 1 else None
-        return cls(plan, kt, vt, ring_k, ring_v, k_store, k_side, v_store, v_params, nb, int_scores and not kt.is_float)
+        args = [I.arg(st.name, I.buffer(tuple(nb if d == "NB" else d for d in st.shape), st.dtype))
+                for st in plan.layer_tensors(kt, vt)]
+        ring_k, ring_v, k_store, k_side, v_store, *v_params = args
+        return cls(plan, kt, vt, ring_k, ring_v, k_store, k_side, v_store, v_params[0] if v_params else None, nb,
+                   int_scores and not kt.is_float)
 
     @staticmethod
     def step_args():
