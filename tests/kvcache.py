@@ -45,12 +45,13 @@ def quantise_ref(x: np.ndarray, t: KVType) -> tuple[np.ndarray, np.ndarray, np.n
     return (mn[:, None] + sc[:, None] * codes).astype(np.float32), mn, sc
 
 
-def unpack(codes: np.ndarray, t: KVType, n: int) -> np.ndarray:
-    """[..., n * bits / 8] u8 -> [..., n] codes (q4: byte i holds element i low, i + n/2 high)."""
-    if t is KVType.Q8:
-        return codes.astype(np.float32)
-    lo, hi = codes & 15, codes >> 4
-    return np.concatenate([lo, hi], axis=-1).astype(np.float32)
+def value_codes(vd: np.ndarray, t: KVType, B: int, hd: int) -> np.ndarray:
+    """A stored V block's codes [hd/16, groups, 64] -> [B, hd]: byte 4i + k of group g is channel 16c + i
+    of key 4g + k (q4: group m holds key groups 2m (low nibbles) and 2m + 1 (high))."""
+    if t is KVType.Q4:
+        vd = np.stack([vd & 15, vd >> 4], axis=2).reshape(hd // 16, B // 4, 64)
+    codes = vd.reshape(hd // 16, B // 4, 16, 4)  # [c, g, i, k]
+    return codes.transpose(1, 3, 0, 2).reshape(B, hd).astype(np.float32)
 
 
 def stored_block(plan: KVPlan, layer: int, state_by_name: dict, h: int, b: int) -> tuple[np.ndarray, np.ndarray]:
@@ -71,8 +72,8 @@ def stored_block(plan: KVPlan, layer: int, state_by_name: dict, h: int, b: int) 
     if vt.is_float:
         v = vd.astype(np.float32)
     else:
-        p = state_by_name[f"v_{vt.value}_params"][vs, h, b].astype(np.float32)  # [B, 2]
-        v = p[:, :1] + p[:, 1:] * unpack(vd, vt, hd)
+        p = state_by_name[f"v_{vt.value}_params"][vs, h, b].astype(np.float32)  # [2, B]
+        v = p[0][:, None] + p[1][:, None] * value_codes(vd, vt, B, hd)
     return k, v
 
 
@@ -217,14 +218,27 @@ def scores_ref(plan: KVPlan, layer: int, k: np.ndarray, q: np.ndarray, t: int, H
 def attend_ref(plan: KVPlan, layer: int, k: np.ndarray, v: np.ndarray, q: np.ndarray, t: int, H: int,
                int_scores: bool, keys: list | None = None) -> np.ndarray:
     """One query [H * hd] at position t over the keys in keys[kv head] (default: all t + 1): float64
-    softmax of scores_ref over the visible values."""
-    hd = plan.head_dim
+    softmax of scores_ref over the visible values. With `int_scores` (the integer paths), quantised store
+    blocks of values sum as p_j min_j + w_j code_j with w_j = p_j scale_j rounded to 16 bits relative to
+    the block's largest w (as the kernels' vpdpbusd path does)."""
+    B, hd = plan.block, plan.head_dim
     G = H // k.shape[0]
     _, vs = visible(plan, layer, k, v, t)
     s = scores_ref(plan, layer, k, q, t, H, int_scores)
+    vt = plan.v[layer]
+    stored = max(0, t // B - plan.recent + 1) if int_scores and not vt.is_float else 0
+    rd = np.float32 if plan.ring_dtype == "float32" else np.float16
+    quant = [[quantise_codes(v[h, b * B : (b + 1) * B].astype(rd), vt) for b in range(stored)] for h in range(k.shape[0])]
     out = np.zeros(H * hd)
     for h in range(H):
         idx = np.arange(t + 1) if keys is None else keys[h // G]
         p = np.exp(s[h, idx] - s[h, idx].max())
-        out[h * hd : (h + 1) * hd] = (p / p.sum()) @ vs[h // G][idx]
+        o = p[idx >= stored * B] @ vs[h // G][idx[idx >= stored * B]]
+        for b in sorted(set(idx[idx < stored * B] // B)):
+            codes, mn, sc = quant[h // G][b]  # [B, hd], [B], [B]
+            pb = p[(idx >= b * B) & (idx < (b + 1) * B)]
+            w = pb * sc
+            f = w.max() / (127 * 256)
+            o += pb @ mn + (np.floor(w / f + 0.5) * f if f > 0 else w) @ codes
+        out[h * hd : (h + 1) * hd] = o / p.sum()
     return out

@@ -56,6 +56,16 @@ def test_params_are_mapped_not_copied(engine):
     assert np.from_dlpack(t).ctypes.data == arrays[5].ctypes.data
 
 
+def test_params_on_huge_pages_equal_the_mapped_ones(engine):
+    """The engine's default: the weights read into 2 MiB pages, each array where the file has it."""
+    mapped, huge = engine.artifact.map_params(), engine.artifact.map_params(huge_pages=True)
+    start = huge[0].ctypes.data - engine.artifact.params[0].offset
+    assert start % (2 << 20) == 0
+    for m, h, p in zip(mapped, huge, engine.artifact.params):
+        assert h.ctypes.data - start == p.offset and h.dtype == m.dtype and h.shape == m.shape
+        assert np.array_equal(h, m)
+
+
 def test_loading_never_compiles(artifact, monkeypatch):
     import tvm
 

@@ -81,8 +81,26 @@ def test_unknown_knob_is_rejected():
 def test_quantised_keys_score_with_vpdpbusd():
     """Decode attention over q8 keys: the 16 scores of a tile come from vpdpbusd (twice: the int8 halves of
     the 16-bit query) on key codes transposed by vpermb (4 channels of a key per 32-bit lane); with the knob
-    off, from float FMAs only."""
+    off, from float FMAs only (values in float too here, so no vpdpbusd is left)."""
     rule = select_rule(REQUESTS["attention_decode"], PRESET)
-    asm = _asm(rule, {})
+    asm = _asm(rule, {"int_values": 0})
     assert "vpdpbusd" in asm and "vpermb" in asm
-    assert "vpdpbusd" not in _asm(rule, {"int_scores": 0})
+    assert "vpdpbusd" not in _asm(rule, {"int_scores": 0, "int_values": 0})
+
+
+def test_quantised_values_sum_with_vpdpbusd():
+    """Decode attention over q4 values (keys scored in float): with int_values the weighted sum of a block's
+    value codes is vpdpbusd over groups of 4 keys, the q4 codes split by mask and shift; with it off, float
+    FMAs of dequantised codes only."""
+    rule = select_rule(REQUESTS["attention_decode"], PRESET)
+    assert "vpdpbusd" in _asm(rule, {"int_scores": 0})
+    assert "vpdpbusd" not in _asm(rule, {"int_scores": 0, "int_values": 0})
+
+
+def test_decode_prefetches_blocks_ahead():
+    """With the prefetch knob on, decode issues prefetcht1 for the stored block ahead in its read list: one
+    per 64-byte line of its key and value codes and params (q8 K: 4 KiB + 256 B, q4 V: 2 KiB + 256 B)."""
+    rule = select_rule(REQUESTS["attention_decode"], PRESET)
+    lines = (64 * 64 + 256 + 64 * 32 + 256) // 64
+    assert _asm(rule, {}).count("prefetcht1") >= lines
+    assert "prefetcht1" not in _asm(rule, {"prefetch": 0})

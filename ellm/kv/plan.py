@@ -10,8 +10,11 @@ one contiguous stream):
   K q4      codes [n, Hkv, NB, B/32, hd, 16] u8: byte i of tile pair j holds key i of tile 2j (low nibble)
             and of tile 2j + 1 (high nibble); same params
   V f16/f32 store [n, Hkv, NB, B, hd]
-  V q8/q4   codes [n, Hkv, NB, B, hd * bits / 8] u8 + params [n, Hkv, NB, B, 2] f16 (min, scale per token);
-            q4 byte i holds channel i (low nibble) and channel i + hd/2 (high nibble)
+  V q8      codes [n, Hkv, NB, hd/16, B/4, 64] u8: channels 16c .. 16c+15 of keys 4g .. 4g+3, byte 4i + k =
+            channel 16c + i of key 4g + k (the 4 keys vpdpbusd sums in one 32-bit lane)
+            + params [n, Hkv, NB, 2, B] f16 (min, scale per token)
+  V q4      codes [n, Hkv, NB, hd/16, B/8, 64] u8: byte 4i + k of group m holds key 8m + k (low nibble) and
+            key 8m + 4 + k (high nibble) of channel 16c + i; same params
 """
 
 from __future__ import annotations
@@ -158,10 +161,11 @@ class KVPlan:
             side_dtype = "float32" if t is KVType.F32 else "float16"
             side = StateTensor(f"k_{t.value}_{'summary' if t.is_float else 'params'}", (n, H, "NB", 2, hd), side_dtype)
             return [data, side]
-        data = StateTensor(f"v_{t.value}", (n, H, "NB", B, hd * t.bits // 8 if not t.is_float else hd), t.dtype)
         if t.is_float:
-            return [data]
-        return [data, StateTensor(f"v_{t.value}_params", (n, H, "NB", B, 2), "float16")]
+            return [StateTensor(f"v_{t.value}", (n, H, "NB", B, hd), t.dtype)]
+        groups = B // 4 if t is KVType.Q8 else B // 8
+        return [StateTensor(f"v_{t.value}", (n, H, "NB", hd // 16, groups, 64), t.dtype),
+                StateTensor(f"v_{t.value}_params", (n, H, "NB", 2, B), "float16")]
 
     def layer_tensors(self, kt: KVType, vt: KVType) -> list[StateTensor]:
         """The state tensors a cache kernel of a layer with K class kt and V class vt takes, in argument

@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import ContextOverflowError, EllmError
 from ..kv.attention import AttentionConfig
 from .artifact import Artifact
+from .hugepages import huge_arrays
 from .rope import rope_table
 from .sampling import sample
 
@@ -78,9 +79,12 @@ class Engine:
         prefill_chunk: int | None = None,
         rope_scaling: tuple[str, float] | None = None,
         attention: AttentionConfig | None = None,
+        huge_pages: bool = True,
     ):
         """`rope_scaling`: (kind, factor) replacing the GGUF's RoPE scaling, e.g. ("yarn", 4.0) to run past
-        the trained context. `attention`: dense or block-sparse (kv/attention.py; default: sparse)."""
+        the trained context. `attention`: dense or block-sparse (kv/attention.py; default: sparse).
+        `huge_pages`: weights (read into private memory) and KV state on 2 MiB pages (runtime/hugepages.py);
+        off, the weights stay a shared memory map."""
         import tvm
         from tvm import relax
 
@@ -108,15 +112,16 @@ class Engine:
 
         self._vm = relax.VirtualMachine(artifact.load_module(), tvm.cpu())
         self._fn = {e["name"]: self._vm[e["name"]] for e in artifact.manifest["entries"]}
-        self._params = tvm.runtime.convert([tvm.runtime.from_dlpack(a) for a in artifact.map_params()])
+        self._params = tvm.runtime.convert([tvm.runtime.from_dlpack(a) for a in artifact.map_params(huge_pages)])
         self._rope = tvm.runtime.tensor(rope_table(cfg, self.ctx_size))
         # the KV state (kv/plan.py): the float16 ring of recent blocks and the per-class block stores
         self.kv_plan = artifact.kv_plan
         nb = self.kv_plan.n_blocks(self.ctx_size)
-        self._kv_tensors = [
-            tvm.runtime.empty(tuple(nb if d == "NB" else int(d) for d in s.shape), s.dtype, tvm.cpu())
-            for s in self.kv_plan.state_tensors()
-        ]
+        shapes = [(tuple(nb if d == "NB" else int(d) for d in s.shape), s.dtype) for s in self.kv_plan.state_tensors()]
+        if huge_pages:
+            self._kv_tensors = [tvm.runtime.from_dlpack(a) for a in huge_arrays(shapes)]
+        else:
+            self._kv_tensors = [tvm.runtime.empty(shape, dtype, tvm.cpu()) for shape, dtype in shapes]
         self._kv = tvm.runtime.convert(self._kv_tensors)
         self.attention = attention or AttentionConfig()
         self._attn = tvm.runtime.tensor(self.attention.as_array())

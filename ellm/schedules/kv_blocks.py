@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import tvm
 from tvm import tirx
 from tvm.tirx.script.builder import ir as I
 
@@ -52,16 +53,18 @@ class KVBuffers:
     v_params: object | None
     nb: object = None  # the symbolic number of blocks in the stores
     int_scores: bool = False  # score quantised key blocks with vpdpbusd (int8 query, needs VNNI + VBMI)
+    int_values: bool = False  # sum quantised value blocks with vpdpbusd (weights rounded to 16 bits, VNNI)
 
     @classmethod
-    def declare(cls, plan: KVPlan, kt: KVType, vt: KVType, int_scores: bool = False) -> KVBuffers:
+    def declare(cls, plan: KVPlan, kt: KVType, vt: KVType, int_scores: bool = False,
+                int_values: bool = False) -> KVBuffers:
         """The buffers of a layer whose K and V classes are kt and vt, in KVPlan.layer_tensors order."""
         nb = tirx.Var("NB", "int64")
         args = [I.arg(st.name, I.buffer(tuple(nb if d == "NB" else d for d in st.shape), st.dtype))
                 for st in plan.layer_tensors(kt, vt)]
         ring_k, ring_v, k_store, k_side, v_store, *v_params = args
         return cls(plan, kt, vt, ring_k, ring_v, k_store, k_side, v_store, v_params[0] if v_params else None, nb,
-                   int_scores and not kt.is_float)
+                   int_scores and not kt.is_float, int_values and not vt.is_float)
 
     @staticmethod
     def step_args():
@@ -75,6 +78,23 @@ class KVBuffers:
 
     def ring_slot(self, b):
         return b % self.plan.ring
+
+    def prefetch_block(self, kslot, vslot, h, b) -> None:
+        """Software prefetch (prefetcht1: into L2; t0 measured no gain) of stored block b of head h: its key
+        codes and params, its value codes and params. A decode step reads blocks scattered over the store,
+        where the hardware prefetchers only start after the first misses of each; prefetches never fault."""
+        for buf, idx in ((self.k_store, (kslot, h, b)), (self.k_side, (kslot, h, b)), (self.v_store, (vslot, h, b)),
+                         (self.v_params, (vslot, h, b))):
+            if buf is None:
+                continue
+            per_block = 1
+            for d in buf.shape[3:]:
+                per_block *= int(d)
+            item = tvm.DataType(buf.dtype).bits // 8
+            zeros = [0] * (len(buf.shape) - 4)
+            for line in range(0, per_block * item, 64):
+                addr = tirx.address_of(tirx.BufferLoad(buf, [*idx, *zeros, tirx.IntImm("int64", line // item)]))
+                I.evaluate(tirx.call_llvm_intrin("void", "llvm.prefetch.p0", addr, 0, 2, 1))
 
     # --- writing -------------------------------------------------------------------------
     def write_k(self, layer, h, p, vecs) -> None:
@@ -117,71 +137,85 @@ class KVBuffers:
                 dst = [((kslot, h, b, c // 2, d), c % 2) for c in range(B // L)]
             else:
                 dst = [((kslot, h, b, c, d), 0) for c in range(B // L)]
-            _store_row(xs, self.kt, self.k_store, dst, self.k_side, (kslot, h, b), d, "k")
+            _store_row(xs, self.kt, self.k_store, dst, self.k_side, (kslot, h, b), d)
 
     def store_v_block(self, layer, vslot, h, b) -> None:
-        """Ring block b -> the V store; rows are tokens."""
+        """Ring block b -> the V store; float types copy rows (tokens), quantised types quantise each token
+        and interleave 4 tokens' codes per channel (kv/plan.py's layout) from one group of tokens at a time."""
         B, hd = self.block, self.plan.head_dim
-        with I.serial(0, B) as j:
-            xs = [I.Bind(tirx.Cast(F32, self.ring_v[layer, h, self.ring_slot(b), j, ramp(c * L)])) for c in range(hd // L)]
-            half = hd // L // 2
-            if self.vt is KVType.Q4:  # byte i: channel i low nibble, channel i + hd/2 high
-                dst = [((vslot, h, b, j), c % half * L, c // half) for c in range(hd // L)]
-            else:
-                dst = [((vslot, h, b, j), c * L, 0) for c in range(hd // L)]
-            _store_row(xs, self.vt, self.v_store, dst, self.v_params, (vslot, h, b), j, "v")
+
+        def row(j):
+            slot = self.ring_slot(b)
+            return [I.Bind(tirx.Cast(F32, self.ring_v[layer, h, slot, j, ramp(c * L)])) for c in range(hd // L)]
+
+        if self.vt.is_float:
+            with I.serial(0, B) as j:
+                for c, x in enumerate(row(j)):
+                    I.buffer_store(self.v_store, tirx.Cast(f"{self.vt.dtype}x{L}", x), [vslot, h, b, j, ramp(c * L)])
+            return
+        per = 4 if self.vt is KVType.Q8 else 8  # tokens per 64-byte group
+        codes = I.alloc_buffer((per * hd,), "uint8")  # [token of the group, channel]
+        with I.serial(0, B // per) as m:
+            with I.serial(0, per) as k:
+                j = m * per + k
+                mn, sc, cs = _quantise(row(j), self.vt)
+                I.buffer_store(self.v_params, mn, [vslot, h, b, 0, j])
+                I.buffer_store(self.v_params, sc, [vslot, h, b, 1, j])
+                for c, code in enumerate(cs):
+                    I.buffer_store(codes, code, [ramp(k * hd + c * L)])
+            for c in range(hd // L):
+                group = tirx.Shuffle([codes[ramp(k * hd + c * L)] for k in range(4)], _TRANSPOSE_4x16)
+                if per == 8:
+                    high = tirx.Shuffle([codes[ramp((4 + k) * hd + c * L)] for k in range(4)], _TRANSPOSE_4x16)
+                    group = group | (high << tirx.Broadcast(tirx.const(4, "uint8"), 64))
+                I.buffer_store(self.v_store, group, [vslot, h, b, c, m, tirx.Ramp(0, 1, 64)])
 
 
-def _store_row(xs, t: KVType, dst, places, side, side_idx, r, kind: str) -> None:
-    """One row (a K channel over the block's keys, or a V token over its channels) of 16-lane vectors
-    `xs` into the store. places[c] = (index prefix, nibble) for K (the vector's lanes are the last axis),
-    (index prefix, lane offset, nibble) for V. Float types copy, and K records the row's (min, max) as
-    the block summary. Quantised types record (min, scale) in float16 and codes round((x - min) / scale)
-    in [0, qmax], computed with the rounded min and scale, so every dequantised value min + scale * code
-    lies in [min, min + scale * qmax]."""
+def _quantise(xs, t: KVType):
+    """Asymmetric codes of one row of 16-lane vectors `xs`: (min, scale) in float16 and uint8x16 codes
+    round((x - min) / scale) in [0, qmax], computed with the rounded min and scale, so every dequantised
+    value min + scale * code lies in [min, min + scale * qmax]."""
     lo_v, hi_v = xs[0], xs[0]
     for x in xs[1:]:
         lo_v, hi_v = tirx.min(lo_v, x), tirx.max(hi_v, x)
     lo, hi = I.Bind(hmin(lo_v)), I.Bind(hmax(hi_v))
-
-    def index(c):
-        if kind == "k":
-            prefix, nib = places[c]
-            return [*prefix, ramp(0)], nib
-        prefix, off, nib = places[c]
-        return [*prefix, ramp(off)], nib
-
-    def side_at(which):
-        return [*side_idx, which, r] if kind == "k" else [*side_idx, r, which]
-
-    if t.is_float:
-        for c, x in enumerate(xs):
-            I.buffer_store(dst, tirx.Cast(f"{t.dtype}x{L}", x), index(c)[0])
-        if kind == "k":
-            I.buffer_store(side, tirx.Cast(side.dtype, lo), side_at(0))
-            I.buffer_store(side, tirx.Cast(side.dtype, hi), side_at(1))
-        return
     mn = I.Bind(tirx.Cast("float32", tirx.Cast("float16", lo)))
     sc16 = I.Bind(tirx.Cast("float16", (hi - mn) / f32(float(t.qmax))))
     sc = I.Bind(tirx.Cast("float32", sc16))
     inv = I.Bind(tirx.Select(sc > f32(0.0), f32(1.0) / sc, f32(0.0)))
-    I.buffer_store(side, tirx.Cast("float16", mn), side_at(0))
-    I.buffer_store(side, sc16, side_at(1))
     codes = []
     for x in xs:
         q = tirx.floor((x - bc(mn)) * bc(inv) + bc(f32(0.5)))
         q = tirx.max(tirx.min(q, bc(f32(float(t.qmax)))), bc(f32(0.0)))
         codes.append(I.Bind(tirx.Cast(f"uint8x{L}", tirx.Cast(f"int32x{L}", q))))
+    return tirx.Cast("float16", mn), sc16, codes
+
+
+def _store_row(xs, t: KVType, dst, places, side, side_idx, r) -> None:
+    """One K channel row (16-lane vectors `xs` over the block's keys) into the store; places[c] = (index
+    prefix, nibble) of vector c. Float types copy and record the row's (min, max) as the block summary;
+    quantised types record (min, scale) (see _quantise)."""
+    if t.is_float:
+        lo_v, hi_v = xs[0], xs[0]
+        for x in xs[1:]:
+            lo_v, hi_v = tirx.min(lo_v, x), tirx.max(hi_v, x)
+        for (prefix, _), x in zip(places, xs):
+            I.buffer_store(dst, tirx.Cast(f"{t.dtype}x{L}", x), [*prefix, ramp(0)])
+        I.buffer_store(side, tirx.Cast(side.dtype, hmin(lo_v)), [*side_idx, 0, r])
+        I.buffer_store(side, tirx.Cast(side.dtype, hmax(hi_v)), [*side_idx, 1, r])
+        return
+    mn, sc, codes = _quantise(xs, t)
+    I.buffer_store(side, mn, [*side_idx, 0, r])
+    I.buffer_store(side, sc, [*side_idx, 1, r])
     if t is KVType.Q8:
-        for c, code in enumerate(codes):
-            I.buffer_store(dst, code, index(c)[0])
+        for (prefix, _), code in zip(places, codes):
+            I.buffer_store(dst, code, [*prefix, ramp(0)])
         return
     pairs: dict[str, list] = {}
-    for c, code in enumerate(codes):  # group the low and high nibble of each byte vector
-        idx, nib = index(c)
-        pairs.setdefault(str(idx), [idx, None, None])[1 + nib] = code
-    for idx, low, high in pairs.values():
-        I.buffer_store(dst, low | (high << bc(tirx.const(4, "uint8"))), idx)
+    for (prefix, nib), code in zip(places, codes):  # the low and high nibble of each byte vector
+        pairs.setdefault(str(prefix), [prefix, None, None])[1 + nib] = code
+    for prefix, low, high in pairs.values():
+        I.buffer_store(dst, low | (high << bc(tirx.const(4, "uint8"))), [*prefix, ramp(0)])
 
 
 # --- reading -----------------------------------------------------------------------------
@@ -194,12 +228,19 @@ def k_codes_f32(store, idx, t: KVType, tile):
     return _nibbles(byte, tile % 2)
 
 
-def v_codes_f32(store, idx, t: KVType, c: int, hd: int):
-    """float32x16 of the codes of channels 16c .. 16c+15 of a stored V row idx = (slot, head, block, token)."""
+def v_group_u8(store, idx, t: KVType, c, g):
+    """uint8x64 codes of channels 16c .. 16c+15 for the 4 keys 4g .. 4g+3 of a stored V block
+    idx = (slot, head, block): byte 4i + k = channel 16c + i of key 4g + k."""
     if t is KVType.Q8:
-        return tirx.Cast(F32, store[(*idx, ramp(c * L))])
-    half = hd // L // 2
-    return _nibbles(store[(*idx, ramp(c % half * L))], c // half)
+        return store[(*idx, c, g, tirx.Ramp(0, 1, 64))]
+    raw = store[(*idx, c, g // 2, tirx.Ramp(0, 1, 64))]
+    shift = tirx.Broadcast(tirx.Cast("uint8", (g % 2) * 4), 64)
+    return (raw >> shift) & tirx.Broadcast(tirx.const(15, "uint8"), 64)
+
+
+def v_codes_f32(group, k: int):
+    """float32x16 of key k's codes (k < 4) picked out of a group from v_group_u8 (the float path)."""
+    return tirx.Cast(F32, tirx.Shuffle([group], [4 * i + k for i in range(L)]))
 
 
 def _nibbles(byte, high):

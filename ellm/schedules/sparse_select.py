@@ -45,8 +45,9 @@ def _count_at_least(bounds, base, n, thr):
     """How many of bounds[base : base + n] are >= thr (vectorised; the buffer has 16 spare slots)."""
     cnt = I.alloc_buffer((L,), "int32")
     I.buffer_store(cnt, bc(tirx.const(0, "int32")), [ramp(0)])
+    n32 = I.Bind(tirx.Cast("int32", n))
     with I.serial(0, (n + L - 1) // L) as v:
-        lanes = ramp(v * L) < bc(n)
+        lanes = ramp(tirx.Cast("int32", v * L)) < bc(n32)  # int32 lanes: one compare, not two of int64
         hit = tirx.Select(lanes & (bounds[ramp(base + v * L)] >= bc(thr)), bc(tirx.const(1, "int32")), bc(tirx.const(0, "int32")))
         I.buffer_store(cnt, cnt[ramp(0)] + hit, [ramp(0)])
     return hsum(cnt[ramp(0)])
@@ -68,13 +69,19 @@ def top_k_threshold(bounds, base, n, k):
     I.buffer_store(lim, hreduce(mn[ramp(0)], tirx.min), [0])
     top = I.Bind(hmax(mx[ramp(0)]))
     I.buffer_store(lim, top + tirx.max(tirx.abs(top), f32(1.0)), [1])
+    done = I.alloc_buffer((1,), "int32")  # exactly k at or above lim[0]: the same blocks as any later step
+    I.buffer_store(done, tirx.const(0, "int32"), [0])
     with I.serial(0, BISECT_STEPS):
-        mid = I.Bind(lim[0] + (lim[1] - lim[0]) * f32(0.5))
-        with I.If(_count_at_least(bounds, base, n, mid) >= k):
+        with I.If(done[0] == 0):
             with I.Then():
-                I.buffer_store(lim, mid, [0])
-            with I.Else():
-                I.buffer_store(lim, mid, [1])
+                mid = I.Bind(lim[0] + (lim[1] - lim[0]) * f32(0.5))
+                count = I.Bind(tirx.Cast("int64", _count_at_least(bounds, base, n, mid)))
+                with I.If(count >= k):
+                    with I.Then():
+                        I.buffer_store(lim, mid, [0])
+                        I.buffer_store(done, tirx.Cast("int32", count == k), [0])
+                    with I.Else():
+                        I.buffer_store(lim, mid, [1])
     return lim[0]
 
 
