@@ -98,8 +98,9 @@ def test_quantised_values_sum_with_vpdpbusd():
 
 
 def test_decode_prefetches_blocks_ahead():
-    """With the prefetch knob on, decode issues prefetcht1 for the stored block ahead in its read list: one
-    per 64-byte line of its key and value codes and params (q8 K: 4 KiB + 256 B, q4 V: 2 KiB + 256 B)."""
+    """With the prefetch knob on, decode issues prefetcht1 for the stored block ahead in its read list and
+    for the next widening candidate: one per 64-byte line of a block's key and value codes and params
+    (q8 K: 4 KiB + 256 B, q4 V: 2 KiB + 256 B); with it off, none."""
     rule = select_rule(REQUESTS["attention_decode"], PRESET)
     lines = (64 * 64 + 256 + 64 * 32 + 256) // 64
     assert _asm(rule, {}).count("prefetcht1") >= lines
