@@ -81,7 +81,7 @@ def visible(plan: KVPlan, layer: int, k: np.ndarray, v: np.ndarray, t: int) -> t
     """What a query at position t sees of keys/values k, v [Hkv, >t, hd] (float32, the appended values):
     ring precision for the `recent` newest blocks, the store's dequantised values before them."""
     B = plan.block
-    rd = np.float32 if plan.ring_dtype == "float32" else np.float16
+    rd = np.dtype(plan.ring_dtype)
     ks = k[:, : t + 1].astype(rd).astype(np.float64)
     vs = v[:, : t + 1].astype(rd).astype(np.float64)
     first_ring = t // B - plan.recent + 1
@@ -154,7 +154,7 @@ def sparse_ref(plan: KVPlan, layer: int, k: np.ndarray, v: np.ndarray, q: np.nda
     (at most `widen` blocks, in decreasing bound order)."""
     B = plan.block
     G = H // k.shape[0]
-    rd = np.float32 if plan.ring_dtype == "float32" else np.float16
+    rd = np.dtype(plan.ring_dtype)
     raw = k[:, : t + 1].astype(rd).astype(np.float64)
     s = scores_ref(plan, layer, k, q, t, H, int_scores)
     keys = []
@@ -200,7 +200,7 @@ def scores_ref(plan: KVPlan, layer: int, k: np.ndarray, q: np.ndarray, t: int, H
     kt = plan.k[layer]
     if not int_scores or kt.is_float:
         return s
-    rd = np.float32 if plan.ring_dtype == "float32" else np.float16
+    rd = np.dtype(plan.ring_dtype)
     for b in range(max(0, t // B - plan.recent + 1)):  # blocks read from the store
         raw = k[:, b * B : (b + 1) * B].astype(rd).astype(np.float32)  # [Hkv, B, hd]
         for h in range(H):
@@ -227,7 +227,7 @@ def attend_ref(plan: KVPlan, layer: int, k: np.ndarray, v: np.ndarray, q: np.nda
     s = scores_ref(plan, layer, k, q, t, H, int_scores)
     vt = plan.v[layer]
     stored = max(0, t // B - plan.recent + 1) if int_scores and not vt.is_float else 0
-    rd = np.float32 if plan.ring_dtype == "float32" else np.float16
+    rd = np.dtype(plan.ring_dtype)
     quant = [[quantise_codes(v[h, b * B : (b + 1) * B].astype(rd), vt) for b in range(stored)] for h in range(k.shape[0])]
     out = np.zeros(H * hd)
     for h in range(H):

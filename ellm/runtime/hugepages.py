@@ -19,30 +19,23 @@ ALIGN = 64  # kernels need 64-byte aligned arrays
 def huge_bytes(nbytes: int) -> np.ndarray:
     """An uninitialised uint8 array of nbytes starting on a 2 MiB boundary, advised for huge pages."""
     size = max(HUGE, -(-nbytes // HUGE) * HUGE)
-    if not hasattr(mmap, "MAP_ANONYMOUS"):  # Windows: ordinary memory, still 2 MiB aligned
-        whole = np.empty(size + HUGE, np.uint8)
-        start = -whole.ctypes.data % HUGE
-        return whole[start : start + nbytes]
-    buf = mmap.mmap(-1, size + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    whole = np.frombuffer(buf, np.uint8)
+    if hasattr(mmap, "MAP_ANONYMOUS"):
+        buf = mmap.mmap(-1, size + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        whole = np.frombuffer(buf, np.uint8)
+    else:  # Windows: ordinary memory, still 2 MiB aligned
+        buf, whole = None, np.empty(size + HUGE, np.uint8)
     start = -whole.ctypes.data % HUGE
-    if hasattr(mmap, "MADV_HUGEPAGE"):
+    if buf is not None and hasattr(mmap, "MADV_HUGEPAGE"):
         try:
             buf.madvise(mmap.MADV_HUGEPAGE, start, size)
-        except OSError:  # not Linux, or THP disabled: ordinary pages
+        except OSError:  # THP disabled: ordinary pages
             pass
     return whole[start : start + nbytes]
 
 
 def huge_arrays(specs: list[tuple[tuple[int, ...], str]]) -> list[np.ndarray]:
     """Uninitialised arrays of the given (shape, dtype), 64-byte aligned, together in one huge-page region."""
-    offsets, total = [], 0
-    for shape, dtype in specs:
-        offsets.append(total)
-        total += -(-int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize // ALIGN) * ALIGN
-    arena = huge_bytes(total)
-    out = []
-    for (shape, dtype), off in zip(specs, offsets):
-        n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        out.append(arena[off : off + n].view(dtype).reshape(shape))
-    return out
+    sizes = [int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize for shape, dtype in specs]
+    offsets = np.cumsum([0] + [-(-n // ALIGN) * ALIGN for n in sizes]).tolist()
+    arena = huge_bytes(offsets[-1])
+    return [arena[off : off + n].view(dtype).reshape(shape) for (shape, dtype), off, n in zip(specs, offsets, sizes)]

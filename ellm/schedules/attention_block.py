@@ -15,7 +15,19 @@ from tvm import tirx
 from tvm.tirx.script.builder import ir as I
 
 from ..kv.plan import KVType
-from .kv_blocks import F32, KVBuffers, L, bc, f32, k_codes_f32, k_codes_group_u8, ramp, v_codes_f32, v_group_u8
+from .kv_blocks import (
+    F32,
+    KVBuffers,
+    L,
+    bc,
+    f32,
+    k_codes_f32,
+    k_codes_group_u8,
+    nibbles_u8x64,
+    ramp,
+    v_codes_f32,
+    v_group_u8,
+)
 from .sparse_select import NEG
 from .vecmath import exp_f32, hmax, hsum
 from .vnni import vpdpbusd
@@ -109,10 +121,7 @@ def attend_block(kv: KVBuffers, qy: Query, layer, kslot, vslot, kvh, b, limit, r
             with I.serial(0, hd // 4) as w:
                 codes = I.Bind(tirx.reinterpret("int8x64", k_codes_group_u8(kv.k_store, (kslot, kvh, b), kt, sub, w)))
                 for g in range(G):
-                    for acc, half in ((qy.shi, qy.qhi), (qy.slo, qy.qlo)):
-                        word = tirx.reinterpret("int32", half[tirx.Ramp(g * hd + 4 * w, 1, 4)])
-                        qb = tirx.reinterpret("int8x64", tirx.Broadcast(word, L))
-                        I.buffer_store(acc, vpdpbusd(acc[ramp(g * L)], codes, qb), [ramp(g * L)])
+                    _dot_halves(codes, (qy.shi, qy.slo), (qy.qhi, qy.qlo), g * hd + 4 * w, g * L)
             for g, st in enumerate(states):
                 si = (qy.shi[ramp(g * L)] << bc(tirx.const(8, "int32"))) + qy.slo[ramp(g * L)]
                 I.buffer_store(st.s, bc(qy.kc[g]) + bc(qy.qf[g]) * tirx.Cast(F32, si), [ramp(sub * L)])
@@ -200,16 +209,11 @@ def _quantised_values(kv: KVBuffers, vslot, kvh, b, states) -> None:
             I.buffer_store(st.ilo, zero, [ramp(0)])
         with I.serial(0, B // 4 // per) as m:
             raw = I.Bind(kv.v_store[vslot, kvh, b, c, m, tirx.Ramp(0, 1, 64)])
-            nib = tirx.Broadcast(tirx.const(15, "uint8"), 64)
-            halves = [raw] if per == 1 else [raw & nib, raw >> tirx.Broadcast(tirx.const(4, "uint8"), 64)]
+            halves = [raw] if per == 1 else [nibbles_u8x64(raw, 0), nibbles_u8x64(raw, 1)]
             for h, codes in enumerate(halves):
-                g = m * per + h
                 codes = I.Bind(tirx.reinterpret("int8x64", codes))
                 for st in states:
-                    for acc, half in ((st.ihi, st.whi), (st.ilo, st.wlo)):
-                        word = tirx.reinterpret("int32", half[tirx.Ramp(4 * g, 1, 4)])
-                        wb = tirx.reinterpret("int8x64", tirx.Broadcast(word, L))
-                        I.buffer_store(acc, vpdpbusd(acc[ramp(0)], codes, wb), [ramp(0)])
+                    _dot_halves(codes, (st.ihi, st.ilo), (st.whi, st.wlo), 4 * (m * per + h), 0)
         for st in states:
             whole = tirx.Cast(F32, st.ihi[ramp(0)]) * bc(f32(256.0)) + tirx.Cast(F32, st.ilo[ramp(0)])
             I.buffer_store(st.acc, st.acc[ramp(c * L)] + whole * bc(st.wf[0]), [ramp(c * L)])
@@ -218,10 +222,23 @@ def _quantised_values(kv: KVBuffers, vslot, kvh, b, states) -> None:
 Q16 = 127 * 256  # |q16| <= Q16 keeps both int8 halves in [-128, 127] and every sum inside int32
 
 
+def _dot_halves(codes, accs, halves, at, acc_at) -> None:
+    """accs[i][acc_at : acc_at + 16] += the int8x64 `codes` (4 per 32-bit lane, unsigned) times the 4 int8
+    factors halves[i][at : at + 4] broadcast to every lane: one vpdpbusd per half of 16-bit factors."""
+    for acc, half in zip(accs, halves):
+        word = tirx.reinterpret("int32", half[tirx.Ramp(at, 1, 4)])
+        factors = tirx.reinterpret("int8x64", tirx.Broadcast(word, L))
+        I.buffer_store(acc, vpdpbusd(acc[ramp(acc_at)], codes, factors), [ramp(acc_at)])
+
+
 def _split16(vecs, hi_buf, lo_buf, scale_buf, at=0, base=0) -> None:
     """v16 = round(v / f) with f = max |v| / Q16 over the float32x16 vectors `vecs`, split v16 = 256 hi + lo
     into int8 halves hi_buf/lo_buf[base + 16i ..]; scale_buf[at] = f."""
     i32 = f"int32x{L}"
+
+    def i32c(v):
+        return bc(tirx.const(v, "int32"))
+
     mx = tirx.abs(vecs[0])
     for v in vecs[1:]:
         mx = tirx.max(mx, tirx.abs(v))
@@ -230,9 +247,8 @@ def _split16(vecs, hi_buf, lo_buf, scale_buf, at=0, base=0) -> None:
     I.buffer_store(scale_buf, amax / f32(float(Q16)), [at])
     for c, v in enumerate(vecs):
         v16 = I.Bind(tirx.Cast(i32, tirx.floor(v * bc(inv) + bc(f32(0.5)))))
-        i32c = lambda v: bc(tirx.const(v, "int32"))  # noqa: E731
         lo = I.Bind(((v16 + i32c(128)) & i32c(255)) - i32c(128))
-        hi = (v16 - lo) >> bc(tirx.const(8, "int32"))
+        hi = (v16 - lo) >> i32c(8)
         I.buffer_store(lo_buf, tirx.Cast(f"int8x{L}", lo), [ramp(base + c * L)])
         I.buffer_store(hi_buf, tirx.Cast(f"int8x{L}", hi), [ramp(base + c * L)])
 

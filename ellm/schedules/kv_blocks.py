@@ -233,14 +233,22 @@ def v_group_u8(store, idx, t: KVType, c, g):
     idx = (slot, head, block): byte 4i + k = channel 16c + i of key 4g + k."""
     if t is KVType.Q8:
         return store[(*idx, c, g, tirx.Ramp(0, 1, 64))]
-    raw = store[(*idx, c, g // 2, tirx.Ramp(0, 1, 64))]
-    shift = tirx.Broadcast(tirx.Cast("uint8", (g % 2) * 4), 64)
-    return (raw >> shift) & tirx.Broadcast(tirx.const(15, "uint8"), 64)
+    return nibbles_u8x64(store[(*idx, c, g // 2, tirx.Ramp(0, 1, 64))], g % 2)
 
 
 def v_codes_f32(group, k: int):
     """float32x16 of key k's codes (k < 4) picked out of a group from v_group_u8 (the float path)."""
     return tirx.Cast(F32, tirx.Shuffle([group], [4 * i + k for i in range(L)]))
+
+
+def nibbles_u8x64(raw, high):
+    """The low (high = 0) or high nibble of each of 64 bytes, as bytes; `high` may be a loop expression."""
+    if isinstance(high, int):
+        if high:
+            return raw >> tirx.Broadcast(tirx.const(4, "uint8"), 64)
+        return raw & tirx.Broadcast(tirx.const(15, "uint8"), 64)
+    shift = tirx.Broadcast(tirx.Cast("uint8", high * 4), 64)
+    return (raw >> shift) & tirx.Broadcast(tirx.const(15, "uint8"), 64)
 
 
 def _nibbles(byte, high):
@@ -264,7 +272,5 @@ def k_codes_group_u8(store, idx, t: KVType, tile, w):
     if t is KVType.Q8:
         raw = store[slot, h, b, tile, 4 * w, tirx.Ramp(0, 1, 64)]
     else:  # tile pair: tile 2j in the low nibbles, 2j + 1 in the high
-        raw = store[slot, h, b, tile // 2, 4 * w, tirx.Ramp(0, 1, 64)]
-        shift = tirx.Broadcast(tirx.Cast("uint8", (tile % 2) * 4), 64)
-        raw = (raw >> shift) & tirx.Broadcast(tirx.const(15, "uint8"), 64)
+        raw = nibbles_u8x64(store[slot, h, b, tile // 2, 4 * w, tirx.Ramp(0, 1, 64)], tile % 2)
     return tirx.Shuffle([raw], _TRANSPOSE_4x16)
