@@ -1,6 +1,6 @@
 """Kernel micro-benchmarks: each decode-step kernel's time and GB/s against the measured read bandwidth.
 
-    python bench/kernels.py [--model GGUF] [--ctx 512] [--threads N] [--json FILE]
+    python bench/kernels.py [--model GGUF] [--ctx 512] [--threads N] [--target PRESET] [--json FILE]
 
 Every kernel of the one-token (decode) entry is compiled alone and called with its real shapes. Weights
 rotate through copies totalling more than the last-level cache, as in a decode step, where each
@@ -24,6 +24,7 @@ def main() -> None:
     ap.add_argument("--model")
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--target", default="auto", help="a target preset (default: this host's)")
     ap.add_argument("--json")
     a = ap.parse_args()
 
@@ -41,7 +42,7 @@ def main() -> None:
     from ellm.schedules.inject_prefetch import inject_prefetch
     from ellm.targets import resolve_target
 
-    preset = resolve_target("auto")
+    preset = resolve_target(a.target)
     gf = GGUFFile(resolve_model(a.model))
     cfg = ModelConfig.from_gguf(gf)
     _, g = build_graph(gf, cfg, CompileOptions(), preset)
@@ -89,9 +90,9 @@ def main() -> None:
         rows.append({"kernel": k.name, "rule": k.rule, "calls_per_step": calls[k.name], "us": sec * 1e6,
                      "bytes": nbytes, "gb_s": nbytes / sec / 1e9, "pct_bw": 100 * nbytes / sec / 1e9 / bw.gb_s_median})
     step_us = sum(r["us"] * r["calls_per_step"] for r in rows)
-    report = {"bandwidth_gb_s": bw.gb_s_median, "threads": a.threads, "ctx": a.ctx, "kernels": rows,
+    report = {"bandwidth_gb_s": bw.gb_s_median, "threads": a.threads, "ctx": a.ctx, "target": preset.name, "kernels": rows,
               "sum_over_decode_step_us": step_us}
-    print(f"read bandwidth {bw.gb_s_median:.1f} GB/s, {a.threads} threads, KV context {a.ctx}")
+    print(f"read bandwidth {bw.gb_s_median:.1f} GB/s, {a.threads} threads, KV context {a.ctx}, target {preset.name}")
     print(f"{'kernel':44s} {'rule':18s} {'calls':>5s} {'us/call':>8s} {'MB':>7s} {'GB/s':>6s} {'%BW':>5s}")
     for r in rows:
         print(f"{r['kernel']:44s} {r['rule']:18s} {r['calls_per_step']:5d} {r['us']:8.1f} {r['bytes'] / 1e6:7.2f} "

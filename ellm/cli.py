@@ -159,11 +159,17 @@ def cmd_inspect(a: argparse.Namespace) -> int:
 def cmd_targets(a: argparse.Namespace) -> int:
     from .targets import PRESETS, detect_host, preset_for_host
 
+    from .targets import MASK_ENV, cpu_mask
+
     host = detect_host()
     print(f"host: {host.model_name} (LLVM cpu {host.llvm_cpu}), {host.logical_cpus} logical CPUs, caches {host.caches}")
+    if cpu_mask():
+        print(f"{MASK_ENV}: treating the host as lacking {', '.join(cpu_mask())}")
     print(f"auto -> {preset_for_host(host).name}")
     for p in PRESETS.values():
-        print(f"  {p.name:16s} {p.description}")
+        runs = "runs here" if host.can_run(p) else "cannot run here"
+        isa = p.isa.label if p.isa is not None else "float only"
+        print(f"  {p.name:16s} {isa:13s} {runs:15s} {p.description}")
     return 0
 
 
@@ -273,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--tuning-db", help="JSON tuning database with schedule knobs (ellm tune)")
     c.add_argument(
         "--activations", choices=["auto", "int16", "int8", "f32"], default="auto",
-        help="matmul activations: int16/int8 integer VNNI kernels, f32 float kernels (auto: int16 with VNNI)",
+        help="matmul activations: int16/int8 integer kernels, f32 float kernels (auto: int16 on AVX2 and later)",
     )
     c.add_argument("--no-prefetch", action="store_true", help="compile without software prefetch")
     c.add_argument("--max-chunk", type=_positive_int, default=256, help="most tokens per prefill step (default 256)")

@@ -1,20 +1,54 @@
-"""Helpers to build and run single kernels in tests."""
+"""Helpers to build and run single kernels in tests.
+
+Kernel tests run for the host's best target (`PRESET`). `ELLM_CPU_MASK` narrows what the host counts as
+having, so `ELLM_CPU_MASK='avx512*,amx*,avx_vnni' make test` runs the suite as an AVX2-only CPU would.
+Code for other targets is checked in its assembly and never run: `runnable(preset)` says which may run.
+"""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tvm
 
 from ellm.compiler.graph import OpKind, TensorType
 from ellm.schedules import KernelRequest, select_rule  # noqa: F401  (re-exported for tests)
-from ellm.targets import get_preset
+from ellm.targets import IsaClass, detect_host, get_preset, preset_for_host
 
-PRESET = get_preset("znver4")
+HOST = detect_host()
+PRESET = preset_for_host(HOST)
 TARGET = PRESET.tvm_target()
 
+# One preset per ISA class; a class's kernels run where the host can run its preset.
+ISA_PRESETS = {
+    IsaClass.AVX2: get_preset("x86-64-v3"),
+    IsaClass.AVX_VNNI: get_preset("alderlake"),
+    IsaClass.AVX512_VNNI: get_preset("znver4"),
+    IsaClass.AMX: get_preset("sapphirerapids"),
+}
 
-def build(func):
-    return tvm.compile(func, target=TARGET)
+
+def runnable(preset) -> bool:
+    return HOST.can_run(preset)
+
+
+def needs(preset):
+    """Skip a test that runs `preset`'s code on a host that lacks its features."""
+    return pytest.mark.skipif(not runnable(preset), reason=f"this CPU cannot run {preset.name} code ({preset.isa.label})")
+
+
+def isa_params(*classes: IsaClass):
+    """pytest params over ISA classes (each skipped where the host cannot run it), ids by class."""
+    return [pytest.param(ISA_PRESETS[c], id=c.name.lower(), marks=needs(ISA_PRESETS[c])) for c in classes]
+
+
+def build(func, preset=None):
+    return tvm.compile(func, target=(preset or PRESET).tvm_target())
+
+
+def asm(func, preset) -> str:
+    """The assembly of `func` compiled for `preset` (any preset: nothing runs)."""
+    return tvm.compile(func, target=preset.tvm_target()).mod.inspect_source("asm")
 
 
 def run(ex, *arrays, scalars=(), name="main"):
@@ -42,9 +76,10 @@ def matmul_request(
     )
 
 
-def build_request(req, knobs=None):
+def build_request(req, knobs=None, preset=None):
     """(rule, kernel) as lowering builds it: the selected rule, then the prefetch-injection pass."""
     from ellm.schedules.inject_prefetch import inject_prefetch
 
-    rule = select_rule(req, PRESET)
-    return rule, inject_prefetch(rule.build(req, PRESET, rule.resolve_knobs(req, PRESET, knobs)))
+    preset = preset or PRESET
+    rule = select_rule(req, preset)
+    return rule, inject_prefetch(rule.build(req, preset, rule.resolve_knobs(req, preset, knobs)))

@@ -80,8 +80,8 @@ def test_matmul_precision_bounds(tmp_path_factory, model_path, text_ids, exact_r
     from ellm.compiler.build import CompileOptions, compile_model
     from ellm.targets import resolve_target
 
-    if activations != "f32" and not resolve_target("auto").vnni:
-        pytest.skip("integer activations need AVX-512 VNNI")
+    if activations != "f32" and resolve_target("auto").isa is None:
+        pytest.skip("integer activations need integer dot products (AVX2 or later)")
     options = CompileOptions(cache_type_k="f32", cache_type_v="f32", activations=activations)
     art = compile_model(model_path, tmp_path_factory.mktemp(activations) / "a", options).path
     got = ellm.load(art, threads=2, ctx_size=512).logits(text_ids)

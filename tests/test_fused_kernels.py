@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as G
 from gguf.quants import dequantize
-from kernels import PRESET, build, build_request
+from kernels import build, build_request, isa_params
 from quantizers import quantize
 from kvcache import cache_attrs, clear_ring_tokens, empty_state, layer_args, ring_tokens
 from test_kernels import _rope_ref, _table
@@ -18,7 +18,9 @@ from ellm.quant import QuantType
 from ellm.quant.tiled import TILED_COMPONENTS, pack_tiled
 from ellm.schedules import KernelRequest
 
-pytestmark = pytest.mark.skipif(not PRESET.vnni, reason="needs an AVX-512 VNNI target")
+from ellm.targets import IsaClass
+
+CLASSES = (IsaClass.AVX2, IsaClass.AVX_VNNI, IsaClass.AVX512_VNNI)
 
 
 def _weight(qtype, n, k, seed):
@@ -31,8 +33,9 @@ def _norm(x, g):
     return x / np.sqrt((x**2).mean(1, keepdims=True) + 1e-5) * g
 
 
+@pytest.mark.parametrize("preset", isa_params(*CLASSES))
 @pytest.mark.parametrize("m", [1, 5])
-def test_ffn(m):
+def test_ffn(m, preset):
     D, F = 256, 512
     gu, Wgu = _weight(QuantType.Q4_K, 2 * F, D, 1)
     dn, Wdn = _weight(QuantType.Q6_K, D, F, 2)
@@ -44,10 +47,10 @@ def test_ffn(m):
         (2 * F, D), ("norm",), (("act_bits", 16), ("d_ff", F), ("layout", "tile16"), ("norm_eps", 1e-5)),
         ((QuantType.Q6_K, D, F, "tile16"),),
     )
-    rule, f = build_request(req)
-    assert rule.name == "vnni_ffn"
+    rule, f = build_request(req, preset=preset)
+    assert rule.name == "int_ffn"
     ts = [tvm.runtime.tensor(a) for a in (x, *gu, *dn, g, np.zeros((m, D), np.float32))]
-    build(f)["vnni_ffn"](*ts)
+    build(f, preset)["int_ffn"](*ts)
     h = _norm(x, g) @ Wgu.T
     gate, up = h[:, :F], h[:, F:]
     ref = x + (gate / (1 + np.exp(-gate)) * up) @ Wdn.T
@@ -55,8 +58,9 @@ def test_ffn(m):
 
 
 @pytest.mark.parametrize("neox,rope_dim,bias", [(False, 64, False), (True, 64, True), (False, 32, False), (True, 32, True)])
+@pytest.mark.parametrize("preset", isa_params(*CLASSES))
 @pytest.mark.parametrize("m", [1, 3])
-def test_attention_input(neox, rope_dim, bias, m):
+def test_attention_input(neox, rope_dim, bias, m, preset):
     H, Hkv, hd, Lyr, C, pos, layer, D = 4, 2, 64, 2, 64, 21, 1, 256
     N = (H + 2 * Hkv) * hd
     w, W = _weight(QuantType.Q4_1, N, D, 4)
@@ -72,13 +76,13 @@ def test_attention_input(neox, rope_dim, bias, m):
         tuple(sorted((("act_bits", 16), ("layout", "tile16"), ("n_heads", H), ("n_kv_heads", Hkv), ("neox", neox),
                       ("norm_eps", 1e-5), ("rope_dim", rope_dim), *cache_attrs(plan, layer)))),
     )
-    rule, f = build_request(req)
+    rule, f = build_request(req, preset=preset)
     assert rule.name == "attention_input"
     state = [tvm.runtime.tensor(a) for a in empty_state(plan, C)]
     args = [x, *w, g] + ([b] if bias else []) + [_table(C, 10000.0, rope_dim)]
     ts = [tvm.runtime.tensor(a) for a in args]
     q = tvm.runtime.tensor(np.zeros((m, H * hd), np.float32))
-    build(f)["attention_input"](*layer_args(plan, layer, state), *ts, pos, layer, layer, layer, q)
+    build(f, preset)["attention_input"](*layer_args(plan, layer, state), *ts, pos, layer, layer, layer, q)
     qkv = _norm(x, g) @ W.T + (b if bias else 0)
     positions = np.arange(pos, pos + m, dtype=np.float64)
     q_ref = _rope_ref(qkv[:, : H * hd].reshape(m, H, hd), positions, 10000.0, rope_dim, neox).reshape(m, -1)

@@ -1,18 +1,23 @@
-"""Every knob of every rule changes the generated code, and the defaults are what `default_knobs` says."""
+"""Every knob of every rule changes the generated code, and the defaults are what `default_knobs` says.
+
+Only assembly is compared, so each rule is compiled for a preset where it applies, whatever the host.
+"""
 
 from __future__ import annotations
 
 import pytest
-from kernels import PRESET, TARGET, build_request, matmul_request
+from kernels import build_request, matmul_request
 
 import tvm
 from ellm.compiler.graph import OpKind, TensorType
 from ellm.quant import QuantType
 from ellm.kv.plan import KVPlan, KVType
 from ellm.schedules import RULES, KernelRequest, select_rule
+from ellm.targets import get_preset
 from kvcache import cache_attrs
 
 PLAN = KVPlan.uniform(2, 2, 64, KVType.Q8, KVType.Q4, max_chunk=256)
+ZEN4, ADL, V3, SPR = (get_preset(n) for n in ("znver4", "alderlake", "x86-64-v3", "sapphirerapids"))
 
 
 def _attention(m):
@@ -26,35 +31,47 @@ def _attention(m):
     )
 
 
+def _tiled(m):
+    return matmul_request(QuantType.Q4_1, 256, 512, m=m, layout="tile16", act_bits=16)
+
+
+# rule name -> (a request it is selected for, the preset it is compiled for)
 REQUESTS = {
-    "gemv": matmul_request(QuantType.Q4_1, 256, 512, m=1),
-    "gemm": matmul_request(QuantType.Q4_1, 192, 512, m=None),
-    "vnni_gemv": matmul_request(QuantType.Q4_1, 256, 512, m=1, layout="tile16", act_bits=16),
-    "vnni_gemm": matmul_request(QuantType.Q4_1, 256, 512, m=None, layout="tile16", act_bits=16),
-    "attention_decode": _attention(1),
-    "vnni_ffn": KernelRequest(
+    "gemv": (matmul_request(QuantType.Q4_1, 256, 512, m=1), ZEN4),
+    "gemm": (matmul_request(QuantType.Q4_1, 192, 512, m=None), ZEN4),
+    "vnni_gemv": (_tiled(1), ZEN4),
+    "vnni_gemm": (_tiled(None), ZEN4),
+    "avxvnni_gemv": (_tiled(1), ADL),
+    "avxvnni_gemm": (_tiled(None), ADL),
+    "avx2_gemv": (_tiled(1), V3),
+    "avx2_gemm": (_tiled(None), V3),
+    "amx_gemm": (_tiled(None), SPR),
+    "attention_decode": (_attention(1), ZEN4),
+    "int_ffn": (KernelRequest(
         OpKind.FFN, None, (TensorType(("T", 256)),), (None,), (TensorType(("T", 256)),), QuantType.Q4_1, (1024, 256),
         ("norm",), (("act_bits", 16), ("d_ff", 512), ("layout", "tile16"), ("norm_eps", 1e-5)),
         ((QuantType.Q4_1, 256, 512, "tile16"),),
-    ),
-    "attention_input": KernelRequest(
+    ), ZEN4),
+    "attention_input": (KernelRequest(
         OpKind.ATTN_INPUT, None, (TensorType((2, 2, "C", 64), "float16"), TensorType(("T", 256))), (None, None),
         (TensorType(("T", 256)), TensorType((2, 2, "C", 64), "float16")), QuantType.Q4_1, (512, 256), ("norm",),
         tuple(sorted((("act_bits", 16), ("layout", "tile16"), ("n_heads", 4), ("n_kv_heads", 2), ("neox", False),
                       ("norm_eps", 1e-5), ("rope_dim", 64), *cache_attrs(PLAN, 0)))),
-    ),
-    "rmsnorm": KernelRequest(OpKind.RMSNORM, None, (TensorType(("T", 512)),), (None,), (TensorType(("T", 512)),), attrs=(("eps", 1e-5),)),
-    "silu_mul": KernelRequest(OpKind.SILU_MUL, None, (TensorType(("T", 512)),) * 2, (None, None), (TensorType(("T", 512)),)),
-    "add": KernelRequest(OpKind.ADD, None, (TensorType(("T", 512)),) * 2, (None, None), (TensorType(("T", 512)),)),
-    "attention": _attention(None),
+    ), ZEN4),
+    "rmsnorm": (KernelRequest(OpKind.RMSNORM, None, (TensorType(("T", 512)),), (None,), (TensorType(("T", 512)),),
+                              attrs=(("eps", 1e-5),)), ZEN4),
+    "silu_mul": (KernelRequest(OpKind.SILU_MUL, None, (TensorType(("T", 512)),) * 2, (None, None), (TensorType(("T", 512)),)), ZEN4),
+    "add": (KernelRequest(OpKind.ADD, None, (TensorType(("T", 512)),) * 2, (None, None), (TensorType(("T", 512)),)), ZEN4),
+    "attention": (_attention(None), ZEN4),
 }
 CASES = [(rule, knob, choice) for rule in RULES for knob in rule.knobs for choice in knob.choices if choice != knob.default]
 
 
 def _asm(rule, knobs) -> str:
-    built, func = build_request(REQUESTS[rule.name], knobs)
+    req, preset = REQUESTS[rule.name]
+    built, func = build_request(req, knobs, preset)
     assert built is rule
-    return tvm.compile(func, target=TARGET).mod.inspect_source("asm")
+    return tvm.compile(func, target=preset.tvm_target()).mod.inspect_source("asm")
 
 
 def test_every_rule_with_knobs_has_a_request():
@@ -62,27 +79,33 @@ def test_every_rule_with_knobs_has_a_request():
 
 
 def test_requests_select_their_rule():
-    for name, req in REQUESTS.items():
-        assert select_rule(req, PRESET).name == name
+    for name, (req, preset) in REQUESTS.items():
+        assert select_rule(req, preset).name == name
 
 
 @pytest.mark.parametrize("rule,knob,choice", CASES, ids=lambda x: getattr(x, "name", str(x)))
 def test_knob_changes_generated_code(rule, knob, choice):
+    """`choice` against the request's default for the knob (or, where that is `choice`, the knob's own default)."""
     assert knob.default in knob.choices
-    assert _asm(rule, {knob.name: choice}) != _asm(rule, {})
+    req, preset = REQUESTS[rule.name]
+    default = rule.default_knobs(req, preset)[knob.name]
+    assert default in knob.choices
+    other = knob.default if choice == default else default
+    assert _asm(rule, {knob.name: choice}) != _asm(rule, {knob.name: other})
 
 
 def test_unknown_knob_is_rejected():
-    rule = select_rule(REQUESTS["gemv"], PRESET)
+    req, preset = REQUESTS["gemv"]
+    rule = select_rule(req, preset)
     with pytest.raises(ValueError, match="no knob"):
-        rule.resolve_knobs(REQUESTS["gemv"], PRESET, {"tile_q": 3})
+        rule.resolve_knobs(req, preset, {"tile_q": 3})
 
 
 def test_quantised_keys_score_with_vpdpbusd():
     """Decode attention over q8 keys: the 16 scores of a tile come from vpdpbusd (twice: the int8 halves of
     the 16-bit query) on key codes transposed by vpermb (4 channels of a key per 32-bit lane); with the knob
     off, from float FMAs only (values in float too here, so no vpdpbusd is left)."""
-    rule = select_rule(REQUESTS["attention_decode"], PRESET)
+    rule = select_rule(*REQUESTS["attention_decode"])
     asm = _asm(rule, {"int_values": 0})
     assert "vpdpbusd" in asm and "vpermb" in asm
     assert "vpdpbusd" not in _asm(rule, {"int_scores": 0, "int_values": 0})
@@ -92,7 +115,7 @@ def test_quantised_values_sum_with_vpdpbusd():
     """Decode attention over q4 values (keys scored in float): with int_values the weighted sum of a block's
     value codes is vpdpbusd over groups of 4 keys, the q4 codes split by mask and shift; with it off, float
     FMAs of dequantised codes only."""
-    rule = select_rule(REQUESTS["attention_decode"], PRESET)
+    rule = select_rule(*REQUESTS["attention_decode"])
     assert "vpdpbusd" in _asm(rule, {"int_scores": 0})
     assert "vpdpbusd" not in _asm(rule, {"int_scores": 0, "int_values": 0})
 
@@ -101,7 +124,7 @@ def test_decode_prefetches_blocks_ahead():
     """With the prefetch knob on, decode issues prefetcht1 for the stored block ahead in its read list and
     for the next widening candidate: one per 64-byte line of a block's key and value codes and params
     (q8 K: 4 KiB + 256 B, q4 V: 2 KiB + 256 B); with it off, none."""
-    rule = select_rule(REQUESTS["attention_decode"], PRESET)
+    rule = select_rule(*REQUESTS["attention_decode"])
     lines = (64 * 64 + 256 + 64 * 32 + 256) // 64
     assert _asm(rule, {}).count("prefetcht1") >= lines
     assert "prefetcht1" not in _asm(rule, {"prefetch": 0})

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kernels import runnable
 from synthetic import write_model
 
 import ellm
 from ellm.compiler.build import CompileOptions, compile_model
-from ellm.targets import PRESETS, HostCPU, compute_features, missing_features, preset_for_host
+from ellm.targets import PRESETS, HostCPU, IsaClass, compute_features, missing_features, preset_for_host
+from ellm.targets.presets import FALLBACK_ORDER
 from ellm.targets.features import host_cpuinfo_flags
 
 
@@ -16,22 +18,46 @@ def _host(flags, llvm_cpu="unknown"):
     return HostCPU("sim", llvm_cpu, frozenset(flags), 2)
 
 
-@pytest.mark.parametrize(
-    "flags,expected",
-    [
-        ({"avx2", "fma"}, "x86-64-v3"),
-        ({"avx2", "avx512f", "avx512bw"}, "skylake-avx512"),
-        ({"avx512f", "avx512_vnni"}, "icelake-server"),
-        ({"avx512f", "avx512_vnni", "avx512_bf16"}, "znver4"),
-        ({"avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8"}, "sapphirerapids"),
-    ],
-)
-def test_preset_from_simulated_flags(flags, expected):
-    assert preset_for_host(_host(flags)).name == expected
+def _flags(preset_name: str) -> set[str]:
+    """The cpuinfo flags of a CPU that has exactly what a preset's code needs."""
+    from ellm.targets.features import LLVM_TO_CPUINFO
+
+    return {LLVM_TO_CPUINFO[f] for f in PRESETS[preset_name].required_cpu_features}
+
+
+@pytest.mark.parametrize("name", FALLBACK_ORDER)
+def test_preset_from_simulated_flags(name):
+    """A host whose LLVM CPU has no preset gets the best preset its flags can run."""
+    assert preset_for_host(_host(_flags(name))).name == name
+
+
+def test_too_few_flags_fall_back_to_generic_avx2():
+    assert preset_for_host(_host({"avx2", "fma"})).name == "x86-64-v3"
 
 
 def test_known_llvm_cpu_maps_directly():
-    assert preset_for_host(_host(set(), "znver3")).name == "znver3"
+    assert preset_for_host(_host(_flags("znver3"), "znver3")).name == "znver3"
+
+
+def test_masked_features_move_the_host_down(monkeypatch):
+    """ELLM_CPU_MASK hides flags: a Zen 4 without AVX-512 runs the generic AVX2 preset."""
+    from ellm.targets import host_flags
+
+    monkeypatch.setattr("ellm.targets.features.host_cpuinfo_flags", lambda path="/proc/cpuinfo": _flags("znver4"))
+    monkeypatch.setenv("ELLM_CPU_MASK", "avx512*, amx*")
+    flags = host_flags()
+    assert "avx2" in flags and not any(f.startswith("avx512") for f in flags)
+    assert preset_for_host(_host(flags, "znver4")).name == "x86-64-v3"
+
+
+@pytest.mark.parametrize("name,isa", [("x86-64-v3", IsaClass.AVX2), ("haswell", IsaClass.AVX2), ("znver2", IsaClass.AVX2),
+                                      ("znver3", IsaClass.AVX2), ("skylake-avx512", IsaClass.AVX2),
+                                      ("alderlake", IsaClass.AVX_VNNI), ("cascadelake", IsaClass.AVX512_VNNI),
+                                      ("icelake-server", IsaClass.AVX512_VNNI), ("znver4", IsaClass.AVX512_VNNI),
+                                      ("znver5", IsaClass.AVX512_VNNI), ("sapphirerapids", IsaClass.AMX)])
+def test_isa_class_of_each_preset_comes_from_llvm(name, isa):
+    assert PRESETS[name].isa is isa
+    assert PRESETS[name].vector_bits == (512 if isa >= IsaClass.AVX512_VNNI or name == "skylake-avx512" else 256)
 
 
 def test_required_features_per_preset():
@@ -53,7 +79,8 @@ def test_generic_v3_artifact_uses_no_avx512_and_runs_here(tmp_path):
     v3 = compile_model(path, tmp_path / "v3", CompileOptions(target="x86-64-v3", cache_type_k="f32", cache_type_v="f32")).path
     asm = _asm_of(v3)
     assert "ymm" in asm and "zmm" not in asm
-    if "avx512f" in host_cpuinfo_flags():
+    assert "vpmaddubsw" in asm and "vpdpbusd" not in asm  # the AVX2 integer kernels
+    if runnable(PRESETS["znver4"]):
         native = compile_model(path, tmp_path / "z4", CompileOptions(target="znver4", cache_type_k="f32", cache_type_v="f32")).path
         assert "zmm" in _asm_of(native)
         ids = list(range(5, 30))

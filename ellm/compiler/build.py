@@ -38,7 +38,7 @@ class CompileOptions:
     enable_passes: tuple[str, ...] = ()  # opt-in passes (pipeline.OPT_IN)
     tuning_db: Path | None = None
     max_chunk: int = 256  # most tokens per prefill step; buffers are planned for this size
-    activations: str = "auto"  # "int16"/"int8" (VNNI integer matmuls), "f32" (float path), "auto": int16 where VNNI
+    activations: str = "auto"  # "int16"/"int8" (integer matmuls), "f32" (float path), "auto": int16 (AVX2 and later)
     prefetch: bool = True  # software prefetch in the weight streams (schedules/inject_prefetch.py)
 
     def __post_init__(self) -> None:
@@ -67,9 +67,9 @@ class CompileReport:
 def pass_context(options: CompileOptions, preset: TargetPreset) -> PassContext:
     activations = options.activations
     if activations == "auto":
-        activations = "int16" if preset.vnni else "f32"
-    elif activations != "f32" and not preset.vnni:
-        raise EllmError(f"{activations} activations need AVX-512 VNNI, which target {preset.name} lacks")
+        activations = "int16" if preset.isa is not None else "f32"
+    elif activations != "f32" and preset.isa is None:
+        raise EllmError(f"{activations} activations need integer dot products (AVX2 or later), which target {preset.name} lacks")
     kv = KVOptions(parse_kv_type(options.cache_type_k), parse_kv_type(options.cache_type_v), options.kv_block,
                    options.kv_recent, options.max_chunk)
     return PassContext(preset, activations, kv)

@@ -26,7 +26,7 @@ class PassContext:
     """What passes may depend on besides the graph: the target, and the activation precision of matmuls."""
 
     target: TargetPreset
-    # Matmul activations: "int8" / "int16" quantised per 32 inputs for VNNI integer dot products
+    # Matmul activations: "int8" / "int16" quantised per 32 inputs for integer dot products
     # (int16 as two int8 halves: twice the dot products, near-float accuracy); "f32": float kernels.
     activations: str = "int16"
     kv: KVOptions = field(default_factory=KVOptions)

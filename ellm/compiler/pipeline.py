@@ -40,7 +40,7 @@ PIPELINE: tuple[Phase, ...] = (
     ),
     Phase(
         "layout",
-        (choose_weight_layout,),  # per weight and target: GGUF rows, or 16-row tiles for VNNI
+        (choose_weight_layout,),  # per weight and target: GGUF rows, or 16-row tiles for integer kernels
     ),
     Phase(
         "kernel fusion",

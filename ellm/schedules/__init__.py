@@ -8,20 +8,31 @@ from .amx import AmxGemmRule
 from .attention import AttentionDecodeRule, AttentionPrefillRule
 from .attention_input import AttentionInputRule
 from .elementwise import AddRule, EmbeddingRule, RmsNormRule, SiluMulRule
-from .ffn import VnniFfnRule
+from .ffn import IntFfnRule
 from .gemm import GemmRule
 from .gemv import GemvRule
 from .rope import KvAppendRule, RopeKvAppendRule, RopeRule
 from .rule import KernelRequest, Knob, Rule
-from .vnni import VnniGemmRule, VnniGemvRule
+from .int_matmul import (
+    Avx2GemmRule,
+    Avx2GemvRule,
+    AvxVnniGemmRule,
+    AvxVnniGemvRule,
+    VnniGemmRule,
+    VnniGemvRule,
+)
 
 # First match wins: specialised rules before general ones.
 RULES: tuple[Rule, ...] = (
-    AmxGemmRule(),
-    VnniFfnRule(),
+    AmxGemmRule(),  # AMX tiles (prefill)
+    IntFfnRule(),
     AttentionInputRule(),
-    VnniGemvRule(),
+    VnniGemvRule(),  # AVX-512 VNNI
     VnniGemmRule(),
+    AvxVnniGemvRule(),  # AVX-VNNI
+    AvxVnniGemmRule(),
+    Avx2GemvRule(),  # AVX2
+    Avx2GemmRule(),
     GemvRule(),
     GemmRule(),
     EmbeddingRule(),

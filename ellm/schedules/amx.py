@@ -8,7 +8,7 @@ exactly AMX's B layout (4 consecutive inputs of each of 16 rows per 64-byte row)
     C (16 tokens x 16 rows, int32) = A (16 tokens x group, int8 activations) . B (group/4 x 64, u8 weights)
 
 and C is scaled into float32 exactly as the VNNI kernel does. Tokens past the last full tile of 16 use
-the VNNI micro-kernel. Linux only lets a process use AMX after it asks (runtime/amx.py).
+the AVX-512 VNNI micro-kernel. Linux only lets a process use AMX after it asks (runtime/amx.py).
 """
 
 from __future__ import annotations
@@ -22,9 +22,16 @@ from tvm.tirx.script.builder import ir as I
 from ..quant.tiled import TILED_COMPONENTS
 from ..targets import TargetPreset
 from .rule import KernelRequest, Rule
-from .vnni import I32, L, Acts, _group_size, _operands, _ramp, _scale_update, _splat, micro_kernel, quantize_row, store_epilogue, vnni_applies
+from ..targets import IsaClass
+from .int_acts import I32, L, Acts, quantize_row
+from .int_acts import ramp as _ramp
+from .int_acts import splat as _splat
+from .int_kernel import group_size, micro_kernel, operands, scale_update, store_epilogue
+from .int_matmul import int_matmul_applies
+from .intdot import Dot
 
 TOK = 16  # tokens per AMX tile (rows of A and C)
+VNNI = Dot(IsaClass.AVX512_VNNI, 512)  # the tail tokens
 C_HI, C_LO, A_HI, A_LO, B = 0, 1, 2, 3, 4  # tile registers
 
 
@@ -104,10 +111,12 @@ class _TileUnit:
             self._call("tilerelease")
 
 
-def build_amx_matmul(req: KernelRequest, emulate: bool = False):
+def build_amx_matmul(req: KernelRequest, emulate: bool = False, tail: Dot = VNNI):
+    """`emulate`: the software model of the tile unit instead of AMX instructions, with the tail tokens on
+    `tail`'s dot products, so the kernel can run on any CPU."""
     qtype = req.qtype
     N, K = req.weight_shape
-    G = _group_size(qtype)
+    G = group_size(qtype)
     NT = N // L
     bits = int(req.attr("act_bits", 8))
     eps = float(req.attr("norm_eps", 0.0))
@@ -130,7 +139,7 @@ def build_amx_matmul(req: KernelRequest, emulate: bool = False):
             with I.parallel(0, NT) as tile:
                 bscr = I.alloc_buffer((K // 4 * 64,), "uint8")  # the row tile's weights, AMX B layout
                 with I.serial(0, K // G) as g:
-                    for op in _operands(qtype, w, tile, g):
+                    for op in operands(qtype, w, tile, g):
                         row = (g * G + op.inputs) // 4
                         I.buffer_store(bscr, tirx.reinterpret("uint8x64", op.weights), [tirx.Ramp(row * 64, 1, 64)])
                 amx = _TileUnit(G, emulate)
@@ -154,7 +163,7 @@ def build_amx_matmul(req: KernelRequest, emulate: bool = False):
                             if xl is not None:  # 16-bit activations: 256 * high + low
                                 acc = (acc << _splat(8, I32)) + cst[_ramp(TOK * L + i * L)]
                             sqi = sq[t, g * 2] + sq[t, g * 2 + 1] if G == 32 else sq[t, g]
-                            upd = _scale_update(qtype, w, tile, g, acc, dx[t, g * G // 32], sqi)
+                            upd = scale_update(qtype, w, tile, g, acc, dx[t, g * G // 32], sqi)
                             I.buffer_store(facc, facc[_ramp(i * L)] + upd, [_ramp(i * L)])
                     for i in range(TOK):
                         cols = _ramp(tile * L)
@@ -166,7 +175,7 @@ def build_amx_matmul(req: KernelRequest, emulate: bool = False):
                         I.buffer_store(out, v, [tb * TOK + i, cols])
                 amx.release()
                 with I.serial(n_tok // TOK * TOK, n_tok) as t:  # the last tokens: VNNI
-                    micro_kernel(qtype, w, [tile], t, 1, K, acts, store_epilogue(out, res, bias))
+                    micro_kernel(tail, qtype, w, [tile], t, 1, K, acts, store_epilogue(out, res, bias))
     return ib.get()
 
 
@@ -176,7 +185,7 @@ class AmxGemmRule(Rule):
     name = "amx_gemm"
 
     def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
-        return target.amx and req.m is None and not req.attr("last_row") and vnni_applies(req, target)
+        return target.amx and req.m is None and not req.attr("last_row") and int_matmul_applies(req)
 
     def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
         return build_amx_matmul(req)

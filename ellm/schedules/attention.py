@@ -24,7 +24,7 @@ from tvm.tirx.script.builder import ir as I
 
 from ..compiler.graph import OpKind
 from ..kv.plan import KVPlan, KVType
-from ..targets import TargetPreset
+from ..targets import IsaClass, TargetPreset
 from .attention_block import Query, State, attend, finish
 from .kv_blocks import KVBuffers, L, bc, ramp
 from .read_list import ReadShape, list_item, n_items, opaque, select_blocks, widen
@@ -40,7 +40,7 @@ def kv_plan_of(req: KernelRequest) -> tuple[KVPlan, KVType, KVType]:
 
 def int_scores_for(target: TargetPreset) -> bool:
     """Integer scores for quantised keys need vpdpbusd (VNNI) and vpermb (VBMI)."""
-    return target.vnni and "avx512vbmi" in target.llvm_features
+    return target.isa is not None and target.isa >= IsaClass.AVX512_VNNI and target.has("avx512vbmi")
 
 
 def build_attention(req: KernelRequest, chunk: int, int_scores: bool = False, int_values: bool = False,

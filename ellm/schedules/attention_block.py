@@ -15,6 +15,7 @@ from tvm import tirx
 from tvm.tirx.script.builder import ir as I
 
 from ..kv.plan import KVType
+from ..targets import IsaClass
 from .kv_blocks import (
     F32,
     KVBuffers,
@@ -29,8 +30,10 @@ from .kv_blocks import (
     v_group_u8,
 )
 from .sparse_select import NEG
+from .intdot import Dot
 from .vecmath import exp_f32, hmax, hsum
-from .vnni import vpdpbusd
+
+_VNNI = Dot(IsaClass.AVX512_VNNI, 512)
 
 
 class State:
@@ -228,7 +231,7 @@ def _dot_halves(codes, accs, halves, at, acc_at) -> None:
     for acc, half in zip(accs, halves):
         word = tirx.reinterpret("int32", half[tirx.Ramp(at, 1, 4)])
         factors = tirx.reinterpret("int8x64", tirx.Broadcast(word, L))
-        I.buffer_store(acc, vpdpbusd(acc[ramp(acc_at)], codes, factors), [ramp(acc_at)])
+        I.buffer_store(acc, _VNNI.dpbusd(acc[ramp(acc_at)], codes, factors), [ramp(acc_at)])
 
 
 def _split16(vecs, hi_buf, lo_buf, scale_buf, at=0, base=0) -> None:

@@ -20,7 +20,10 @@ from ..targets import TargetPreset
 from .attention import kv_plan_of
 from .kv_blocks import KVBuffers
 from .rule import KernelRequest, Knob, Rule
-from .vnni import QUANTIZED, Acts, L, _ramp, for_token_tiles, micro_kernel, quantize_row
+from .int_acts import L, Acts, quantize_row
+from .int_acts import ramp as _ramp
+from .int_kernel import QUANTIZED, for_token_tiles, micro_kernel
+from .intdot import Dot, dot_for
 
 SWAP = [i ^ 1 for i in range(L)]  # lane 2i <-> 2i + 1
 DUP = [i // 2 for i in range(L)]  # lane 2i, 2i + 1 <- element i
@@ -45,7 +48,7 @@ def _rotate(vecs: list, tab, p, half: int, neox: bool, rope_dim: int) -> list:
     return out
 
 
-def build_attention_input(req: KernelRequest, tokens_per_tile: int, prefetch_bytes: int):
+def build_attention_input(req: KernelRequest, dot: Dot, tokens_per_tile: int, prefetch_bytes: int):
     plan, kt, vt = kv_plan_of(req)
     Hkv, hd = plan.n_kv_heads, plan.head_dim
     H = int(req.attr("n_heads"))
@@ -96,7 +99,7 @@ def build_attention_input(req: KernelRequest, tokens_per_tile: int, prefetch_byt
                                         with I.Else():
                                             kv.write_v(layer, head - H - Hkv, p, vecs)
 
-                    micro_kernel(qtype, w, tiles, t0, tt, K, acts, None, prefetch_bytes, True, finish=finish)
+                    micro_kernel(dot, qtype, w, tiles, t0, tt, K, acts, None, prefetch_bytes, True, finish=finish)
 
                 for_token_tiles(req.m, n_tok, tokens_per_tile, project)
                 # blocks this step completed age out of the ring into their store (this head's task wrote them)
@@ -118,7 +121,7 @@ class AttentionInputRule(Rule):
              Knob("tokens_per_tile", 2, (1, 2, 4), "tokens sharing each unpacked weight vector (chunks)"))
 
     def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
-        if req.kind is not OpKind.ATTN_INPUT or not target.vnni or req.qtype not in QUANTIZED:
+        if req.kind is not OpKind.ATTN_INPUT or dot_for(target) is None or req.qtype not in QUANTIZED:
             return False
         if req.attr("kv_plan") is None:
             return False
@@ -133,4 +136,4 @@ class AttentionInputRule(Rule):
         return knobs
 
     def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
-        return build_attention_input(req, knobs["tokens_per_tile"], knobs["prefetch_bytes"])
+        return build_attention_input(req, dot_for(target), knobs["tokens_per_tile"], knobs["prefetch_bytes"])

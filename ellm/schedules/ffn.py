@@ -19,10 +19,12 @@ from ..quant.tiled import TILED_COMPONENTS
 from ..targets import TargetPreset
 from .rule import KernelRequest, Knob, Rule
 from .vecmath import sigmoid_f32
-from .vnni import QUANTIZED, Acts, L, for_token_tiles, micro_kernel, quantize_group, quantize_row, store_epilogue
+from .int_acts import L, Acts, quantize_group, quantize_row
+from .int_kernel import QUANTIZED, for_token_tiles, micro_kernel, store_epilogue
+from .intdot import Dot, dot_for
 
 
-def build_vnni_ffn(req: KernelRequest, tokens_per_tile: int, prefetch_bytes: int, down_tiles: int = 1):
+def build_int_ffn(req: KernelRequest, dot: Dot, tokens_per_tile: int, prefetch_bytes: int, down_tiles: int = 1):
     gu_q = req.qtype
     F2, D = req.weight_shape  # gate and up rows stacked: [2 * d_ff, d_model]
     F = F2 // 2
@@ -31,7 +33,7 @@ def build_vnni_ffn(req: KernelRequest, tokens_per_tile: int, prefetch_bytes: int
     eps = float(req.attr("norm_eps"))
     with IRBuilder() as ib:
         with I.prim_func():
-            I.func_name("vnni_ffn")
+            I.func_name("int_ffn")
             I.func_attr({"tirx.noalias": True})
             n_tok = req.m if req.m is not None else tirx.Var("T", "int64")
             x = I.arg("x", I.buffer((n_tok, D), "float32"))  # [T, d_model], also the residual
@@ -54,7 +56,7 @@ def build_vnni_ffn(req: KernelRequest, tokens_per_tile: int, prefetch_bytes: int
                             h = [I.Bind(g0 * sigmoid_f32(g0) * u0), I.Bind(g1 * sigmoid_f32(g1) * u1)]
                             quantize_group(h, t0 + i, c, ah)
 
-                    micro_kernel(gu_q, gu, tiles, t0, tt, D, ax, None, prefetch_bytes, True, finish=finish)
+                    micro_kernel(dot, gu_q, gu, tiles, t0, tt, D, ax, None, prefetch_bytes, True, finish=finish)
 
                 for_token_tiles(req.m, n_tok, tokens_per_tile, gate_up)
 
@@ -64,13 +66,13 @@ def build_vnni_ffn(req: KernelRequest, tokens_per_tile: int, prefetch_bytes: int
                 tiles_dn = [task * dt + j for j in range(dt)]
                 for_token_tiles(
                     req.m, n_tok, tokens_per_tile,
-                    lambda t0, tt: micro_kernel(dn_q, dn, tiles_dn, t0, tt, F, ah, store, prefetch_bytes, True),
+                    lambda t0, tt: micro_kernel(dot, dn_q, dn, tiles_dn, t0, tt, F, ah, store, prefetch_bytes, True),
                 )
     return ib.get()
 
 
-class VnniFfnRule(Rule):
-    name = "vnni_ffn"
+class IntFfnRule(Rule):
+    name = "int_ffn"
     knobs = (
         Knob("tokens_per_tile", 1, (1, 2, 4), "tokens sharing each unpacked weight vector (chunks of tokens)"),
         Knob("down_tiles", 2, (1, 2), "row tiles of 16 per down-projection task"),
@@ -80,7 +82,7 @@ class VnniFfnRule(Rule):
     def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
         return (
             req.kind is OpKind.FFN
-            and target.vnni
+            and dot_for(target) is not None
             and req.qtype in QUANTIZED
             and req.more_weights[0][0] in QUANTIZED
             and (req.weight_shape[0] // 2) % 32 == 0
@@ -93,4 +95,4 @@ class VnniFfnRule(Rule):
         return knobs
 
     def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
-        return build_vnni_ffn(req, knobs["tokens_per_tile"], knobs["prefetch_bytes"], knobs["down_tiles"])
+        return build_int_ffn(req, dot_for(target), knobs["tokens_per_tile"], knobs["prefetch_bytes"], knobs["down_tiles"])

@@ -1,7 +1,8 @@
 """CPU detection and target presets."""
 
 from .detect import HostCPU, detect_host, preset_for_host
-from .features import compute_features, host_cpuinfo_flags, missing_features
+from .features import MASK_ENV, compute_features, cpu_mask, host_cpuinfo_flags, host_flags, missing_features
+from .isa import IsaClass, dot_class, isa_class_of
 from .presets import PRESETS, TargetPreset, get_preset
 
 
@@ -13,13 +14,19 @@ def resolve_target(name: str) -> TargetPreset:
 
 
 __all__ = [
+    "MASK_ENV",
     "PRESETS",
     "HostCPU",
+    "IsaClass",
     "TargetPreset",
     "compute_features",
+    "cpu_mask",
     "detect_host",
+    "dot_class",
     "get_preset",
     "host_cpuinfo_flags",
+    "host_flags",
+    "isa_class_of",
     "missing_features",
     "preset_for_host",
     "resolve_target",

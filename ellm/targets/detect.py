@@ -6,20 +6,23 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .features import host_cpuinfo_flags
-from .presets import PRESETS, TargetPreset
+from .features import host_flags, missing_features
+from .presets import FALLBACK_ORDER, PRESETS, TargetPreset
 
 
 @dataclass(frozen=True)
 class HostCPU:
     model_name: str
     llvm_cpu: str
-    flags: frozenset[str]
+    flags: frozenset[str]  # /proc/cpuinfo flags, less ELLM_CPU_MASK
     logical_cpus: int
     caches: dict[str, int] = field(default_factory=dict)  # "L1d", "L2", "L3" -> bytes
 
     def has(self, cpuinfo_flag: str) -> bool:
         return cpuinfo_flag in self.flags
+
+    def can_run(self, preset: TargetPreset) -> bool:
+        return not missing_features(preset.required_cpu_features, set(self.flags))
 
 
 def _cache_sizes(base: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> dict[str, int]:
@@ -54,23 +57,19 @@ def detect_host() -> HostCPU:
     return HostCPU(
         model_name=_model_name(),
         llvm_cpu=str(codegen.llvm_get_system_cpu()),
-        flags=frozenset(host_cpuinfo_flags()),
+        flags=frozenset(host_flags()),
         logical_cpus=os.cpu_count() or 1,
         caches=_cache_sizes(),
     )
 
 
 def preset_for_host(host: HostCPU) -> TargetPreset:
-    """The most specific preset whose features the host has; generic x86-64-v3 otherwise."""
-    if host.llvm_cpu in PRESETS:
-        return PRESETS[host.llvm_cpu]
-    f = host.flags
-    if {"amx_int8", "amx_tile", "avx512_bf16"} <= f:
-        return PRESETS["sapphirerapids"]
-    if {"avx512f", "avx512_vnni", "avx512_bf16"} <= f:
-        return PRESETS["znver4"]
-    if {"avx512f", "avx512_vnni"} <= f:
-        return PRESETS["icelake-server"]
-    if {"avx512f", "avx512bw"} <= f:
-        return PRESETS["skylake-avx512"]
+    """The preset of the host's own LLVM CPU if it has one (and no feature of it is masked), else the first
+    preset of FALLBACK_ORDER whose features the host has; generic x86-64-v3 as the last resort."""
+    own = PRESETS.get(host.llvm_cpu)
+    if own is not None and host.can_run(own):
+        return own
+    for name in FALLBACK_ORDER:
+        if host.can_run(PRESETS[name]):
+            return PRESETS[name]
     return PRESETS["x86-64-v3"]

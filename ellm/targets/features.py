@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import fnmatch
+import os
 from pathlib import Path
+
+# Comma-separated /proc/cpuinfo flags (shell patterns allowed: `avx512*,amx*`) this process treats the host
+# as lacking: to run the next-best target of a multi-target artifact, or the test suite as an AVX2-only CPU.
+MASK_ENV = "ELLM_CPU_MASK"
 
 # Compute ISA features generated code may use. System features (xsave, rdpid, ...) never appear in
 # kernels and are left out so an artifact does not demand what it cannot use.
@@ -56,6 +62,17 @@ def host_cpuinfo_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> set[str]:
         if line.startswith("flags") or line.startswith("Features"):
             return set(line.split(":", 1)[1].split())
     return set()
+
+
+def cpu_mask() -> list[str]:
+    """The patterns of ELLM_CPU_MASK."""
+    return [p.strip() for p in os.environ.get(MASK_ENV, "").split(",") if p.strip()]
+
+
+def host_flags() -> set[str]:
+    """This host's cpuinfo flags, less those ELLM_CPU_MASK hides."""
+    mask = cpu_mask()
+    return {f for f in host_cpuinfo_flags() if not any(fnmatch.fnmatchcase(f, p) for p in mask)}
 
 
 def missing_features(required_llvm: list[str], host_flags: set[str]) -> list[str]:

@@ -1,4 +1,4 @@
-"""Choose each weight's memory layout for its kernel and target: 16-row tiles feed VNNI dot products."""
+"""Choose each weight's memory layout for its kernel and target: 16-row tiles feed integer dot products."""
 
 from __future__ import annotations
 
@@ -9,25 +9,26 @@ from ...quant.tiled import tiled_supported
 from ..graph import Graph, OpKind
 from ..pass_context import PassContext
 
-# Formats the integer (vpdpbusd) kernels read in the tile16 layout.
-VNNI_FORMATS = (QuantType.Q4_0, QuantType.Q4_1, QuantType.Q8_0, QuantType.Q4_K, QuantType.Q6_K)
+# Formats the integer kernels (schedules/int_kernel.py) read in the tile16 layout.
+INT_FORMATS = (QuantType.Q4_0, QuantType.Q4_1, QuantType.Q8_0, QuantType.Q4_K, QuantType.Q6_K)
 
 
 def choose_weight_layout(g: Graph, ctx: PassContext) -> Graph:
-    """tile16 for quantised matmul weights on VNNI targets with integer activations; GGUF rows otherwise.
+    """tile16 for quantised matmul weights on targets with integer dot products (AVX2 and later) and integer
+    activations; GGUF rows otherwise.
 
     Matmuls on tile16 weights get the activation width (`act_bits`). A weight shared by the LM head and
     the embedding (tied) follows the head: the embedding kernel reads either layout.
     """
     g = g.copy()
-    use_tiles = ctx.target.vnni and ctx.integer
+    use_tiles = ctx.target.isa is not None and ctx.integer
     chosen: dict[str, str] = {}
     for name in g.names():
         op = g.op(name)
         if op.kind not in (OpKind.MATMUL, OpKind.LM_HEAD):
             continue
         for w in op.weights:
-            tiled = use_tiles and w.qtype in VNNI_FORMATS and tiled_supported(w.qtype, w.rows, w.cols)
+            tiled = use_tiles and w.qtype in INT_FORMATS and tiled_supported(w.qtype, w.rows, w.cols)
             chosen[w.name] = "tile16" if tiled else "rows"
     bits = 16 if ctx.activations == "int16" else 8
     for name in g.names():

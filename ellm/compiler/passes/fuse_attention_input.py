@@ -9,7 +9,7 @@ from ..pass_context import PassContext
 
 def fuse_attention_input(g: Graph, ctx: PassContext) -> Graph:
     g = g.copy()
-    if not ctx.target.vnni or not ctx.integer:
+    if not ctx.target.isa is not None or not ctx.integer:
         return g
     for name in g.names(OpKind.ROPE_KV_APPEND):
         rk = g.op(name)

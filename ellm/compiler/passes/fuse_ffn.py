@@ -10,8 +10,8 @@ from ..pass_context import PassContext
 
 def fuse_ffn(g: Graph, ctx: PassContext) -> Graph:
     g = g.copy()
-    if not ctx.target.vnni or not ctx.integer:
-        return g  # the fused kernel is written for the integer (VNNI) path
+    if not ctx.target.isa is not None or not ctx.integer:
+        return g  # the fused kernel is written for the integer path
     for name in g.names(OpKind.SILU_MUL):
         s = g.op(name)
         gate, up = s.inputs

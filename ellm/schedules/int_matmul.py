@@ -1,0 +1,175 @@
+"""Integer matmuls: activations quantised in the kernel times packed low-bit tile16 weights, summed exactly
+in int32 by the target's dot-product class (schedules/intdot.py), one rule per class.
+
+Phase 1 quantises each token's row (with the RMSNorm prologue fused, schedules/int_acts.py); phase 2
+runs row tiles in parallel through the micro-kernel (schedules/int_kernel.py), every task's weights
+streamed once (prefetched ahead) and reused from L1 by all tokens of a tile of tokens.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Mapping
+
+from tvm import tirx
+from tvm.script.ir_builder import IRBuilder
+from tvm.tirx.script.builder import ir as I
+
+from ..compiler.graph import OpKind
+from ..quant.tiled import TILED_COMPONENTS
+from ..targets import IsaClass, TargetPreset, dot_class
+from .int_acts import L, Acts, quantize_row
+from .int_kernel import QUANTIZED, for_token_tiles, micro_kernel, store_epilogue
+from .intdot import Dot, dot_for
+from .rule import KernelRequest, Knob, Rule
+
+
+def build_int_matmul(req: KernelRequest, dot: Dot, tokens_per_tile: int, tiles_per_task: int, prefetch_bytes: int,
+                     prefetch_nta: bool):
+    """The PrimFunc (x, [residual], *weights, [norm], [bias], out) for a tile16 weight.
+
+    `req.attr("act_bits")` is 8 (one dot product per weight vector and token) or 16 (two: high and low byte).
+    """
+    bits = int(req.attr("act_bits", 8))
+    qtype = req.qtype
+    N, K = req.weight_shape
+    NT = N // L
+    tpt = tiles_per_task if NT % tiles_per_task == 0 else 1
+    eps = float(req.attr("norm_eps", 0.0))
+    last_row = bool(req.attr("last_row"))
+    has_res, has_norm, has_bias = bool(req.attr("residual")), "norm" in req.vectors, "bias" in req.vectors
+
+    with IRBuilder() as ib:
+        with I.prim_func():
+            I.func_name("int_matmul")
+            I.func_attr({"tirx.noalias": True})
+            n_tok = req.m if req.m is not None else tirx.Var("T", "int64")
+            rows_in = tirx.Var("T", "int64") if last_row else n_tok
+            x = I.arg("x", I.buffer((rows_in, K), "float32"))  # [T, K]
+            res = I.arg("residual", I.buffer((n_tok, N), "float32")) if has_res else None
+            w = {c.name: I.arg(f"w_{c.name}", I.buffer(c.shape(N, K), c.dtype)) for c in TILED_COMPONENTS[qtype]}
+            gain = I.arg("norm", I.buffer((K,), "float32")) if has_norm else None
+            bias = I.arg("bias", I.buffer((N,), "float32")) if has_bias else None
+            out = I.arg("out", I.buffer((n_tok, N), "float32"))  # [T, N]
+            acts = Acts.alloc(n_tok, K, bits)
+
+            # --- phase 1: (RMSNorm and) quantisation of each token's row ----------------------------
+            with (I.serial if req.m == 1 else I.parallel)(0, n_tok) as t:
+                quantize_row(x, (rows_in - 1) if last_row else t, gain, eps, K, acts, t)
+
+            # --- phase 2: row tiles in parallel, all tokens of a task reuse its weights from L1 ------
+            store = store_epilogue(out, res, bias)
+            with I.parallel(0, NT // tpt) as task:
+                tiles = [task * tpt + j for j in range(tpt)]
+                for_token_tiles(
+                    req.m, n_tok, tokens_per_tile,
+                    lambda t0, tt: micro_kernel(dot, qtype, w, tiles, t0, tt, K, acts, store, prefetch_bytes, prefetch_nta),
+                )
+    return ib.get()
+
+
+def int_matmul_applies(req: KernelRequest) -> bool:
+    return (
+        req.kind in (OpKind.MATMUL, OpKind.LM_HEAD)
+        and req.qtype in QUANTIZED
+        and req.attr("layout") == "tile16"
+        and req.in_cols[0] is None
+    )
+
+
+class _IntRule(Rule):
+    """A rule for one dot-product class: applies where that is the target's class for vector dot products."""
+
+    isa: ClassVar[IsaClass]
+
+    def isa_applies(self, target: TargetPreset) -> bool:
+        return target.isa is not None and dot_class(target.isa) is self.isa
+
+    def dot(self, target: TargetPreset) -> Dot:
+        d = dot_for(target)
+        assert d is not None and d.isa is self.isa
+        return d
+
+
+class _IntGemv(_IntRule):
+    """One token: phase 1 quantises x, phase 2 streams every weight once (prefetched ahead)."""
+
+    knobs = (
+        Knob("tiles_per_task", 1, (1, 2, 4), "row tiles of 16 a task accumulates together"),
+        Knob("prefetch_bytes", 4096, (0, 1024, 4096, 8192), "software prefetch distance in the weight stream"),
+        Knob("prefetch_nta", 1, (0, 1), "prefetchnta (1) or prefetcht0 (0)"),
+    )
+
+    def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
+        return req.m == 1 and self.isa_applies(target) and int_matmul_applies(req)
+
+    def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
+        return build_int_matmul(req, self.dot(target), 1, knobs["tiles_per_task"], knobs["prefetch_bytes"],
+                                bool(knobs["prefetch_nta"]))
+
+
+class _IntGemm(_IntRule):
+    """A chunk of tokens: a task's weights stay in L1 while its tokens stream through a register tile."""
+
+    knobs = (
+        Knob("tokens_per_tile", 2, (1, 2, 4, 6, 8), "tokens sharing each unpacked weight vector"),
+        Knob("tiles_per_task", 1, (1, 2, 4), "row tiles of 16 sharing each activation broadcast"),
+        Knob("prefetch_bytes", 0, (0, 4096), "software prefetch distance in the weight stream"),
+    )
+
+    def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
+        return req.m != 1 and self.isa_applies(target) and int_matmul_applies(req)
+
+    def default_knobs(self, req: KernelRequest, target: TargetPreset) -> dict[str, int]:
+        # Registers: tokens x tiles accumulators, twice (high and low bytes) for 16-bit activations.
+        # Measured on SmolLM2's FFN matmuls at 256 tokens (AVX-512 VNNI): 2 x 1 is fastest for 16-bit,
+        # 4 x 1 for 8-bit. AVX2 has half the registers and holds int16 partial sums besides.
+        knobs = super().default_knobs(req, target)
+        wide = 2 if int(req.attr("act_bits", 8)) == 16 else 4
+        knobs["tokens_per_tile"] = wide if self.isa is IsaClass.AVX512_VNNI else max(1, wide // 2)
+        return knobs
+
+    def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
+        return build_int_matmul(req, self.dot(target), knobs["tokens_per_tile"], knobs["tiles_per_task"],
+                                knobs["prefetch_bytes"], True)
+
+
+class VnniGemvRule(_IntGemv):
+    name = "vnni_gemv"
+    isa = IsaClass.AVX512_VNNI
+
+
+class VnniGemmRule(_IntGemm):
+    name = "vnni_gemm"
+    isa = IsaClass.AVX512_VNNI
+
+
+class AvxVnniGemvRule(_IntGemv):
+    name = "avxvnni_gemv"
+    isa = IsaClass.AVX_VNNI
+
+
+class AvxVnniGemmRule(_IntGemm):
+    name = "avxvnni_gemm"
+    isa = IsaClass.AVX_VNNI
+
+
+class Avx2GemvRule(_IntGemv):
+    name = "avx2_gemv"
+    isa = IsaClass.AVX2
+
+
+class Avx2GemmRule(_IntGemm):
+    name = "avx2_gemm"
+    isa = IsaClass.AVX2
+
+
+__all__ = [
+    "Avx2GemmRule",
+    "Avx2GemvRule",
+    "AvxVnniGemmRule",
+    "AvxVnniGemvRule",
+    "VnniGemmRule",
+    "VnniGemvRule",
+    "build_int_matmul",
+    "int_matmul_applies",
+]
