@@ -58,8 +58,8 @@ def cmd_compile(a: argparse.Namespace) -> int:
     )
     report = compile_model(a.model, a.output, options, force=a.force, log=lambda s: print(s, file=sys.stderr))
     print(
-        f"wrote {report.path} ({report.artifact_bytes / 1e6:.1f} MB, {report.kernels} kernels) "
-        f"in {report.seconds:.1f} s",
+        f"wrote {report.path} ({report.artifact_bytes / 1e6:.1f} MB, {report.kernels} kernels, "
+        f"target{'s' if len(report.targets) > 1 else ''} {', '.join(report.targets)}) in {report.seconds:.1f} s",
         file=sys.stderr,
     )
     return 0
@@ -127,6 +127,7 @@ def generate_and_report(eng, text: str, a: argparse.Namespace) -> int:
                     "stop_reason": st.stop_reason,
                     "threads": eng.threads,
                     "ctx_size": eng.ctx_size,
+                    "target": eng.target,
                 }
             )
         )
@@ -134,7 +135,8 @@ def generate_and_report(eng, text: str, a: argparse.Namespace) -> int:
         sys.stdout.write(text_out[len(printed) :] + "\n")
         print(
             f"[prompt {st.prompt_tokens} tokens: prefill {st.prefill_tok_s:.1f} tok/s, first token {st.ttft_s:.2f} s | "
-            f"decode {st.decode_tokens} tokens: {st.decode_tok_s:.1f} tok/s | stop: {st.stop_reason}]",
+            f"decode {st.decode_tokens} tokens: {st.decode_tok_s:.1f} tok/s | stop: {st.stop_reason} | "
+            f"{describe_target(eng.artifact)}]",
             file=sys.stderr,
         )
     return 0
@@ -144,9 +146,17 @@ def cmd_run(a: argparse.Namespace) -> int:
     from .runtime.engine import Engine
 
     text = _read_prompt(a)
-    eng = Engine.load(a.artifact, threads=a.threads, ctx_size=a.ctx_size, rope_scaling=rope_scaling_option(a),
-                      attention=attention_option(a))
+    eng = Engine.load(a.artifact, threads=a.threads, ctx_size=a.ctx_size, target=a.target,
+                      rope_scaling=rope_scaling_option(a), attention=attention_option(a))
     return generate_and_report(eng, text, a)
+
+
+def describe_target(art) -> str:
+    """One line: which of the artifact's targets runs here."""
+    t = art.target
+    others = [n for n in art.target_names if n != t["preset"]]
+    rest = f" (artifact targets: {', '.join(art.target_names)})" if others else ""
+    return f"target {t['preset']} ({t['isa'] or 'float'}){rest}"
 
 
 def cmd_inspect(a: argparse.Namespace) -> int:
@@ -272,7 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compile", help="compile a GGUF model into an artifact directory")
     c.add_argument("model", nargs="?", help="GGUF file (default: the bundled SmolLM2-135M-Instruct Q4_1)")
     c.add_argument("-o", "--output", required=True, help="artifact directory to write")
-    c.add_argument("--target", default="auto", help="target preset or 'auto' (see `ellm targets`)")
+    c.add_argument("--target", default="auto",
+                   help="target preset, 'auto' (this CPU), or several separated by commas: one artifact for a fleet, "
+                        "the best target a CPU can run chosen at load (see `ellm targets`)")
     add_kv_type_args(c)
     c.add_argument("--disable-pass", action="append", metavar="PASS", help="skip a graph pass (repeatable)")
     c.add_argument("--enable-pass", action="append", metavar="PASS", help="run an opt-in graph pass, e.g. fuse_ffn")
@@ -298,6 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--threads", type=_positive_int, default=None, help="threads (default: all CPUs)")
     r.add_argument("--ctx-size", type=_positive_int, default=None, help="context size (default: the model's)")
     r.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    r.add_argument("--target", default=None, help="run this target of the artifact (default: the best this CPU can run)")
     add_rope_scaling_args(r)
     add_attention_args(r)
     r.set_defaults(func=cmd_run)

@@ -17,18 +17,20 @@ def manifest(artifact):
 
 
 def test_manifest_records_source_target_and_files(manifest, artifact, model_path):
-    assert manifest["format"] == "ellm-artifact" and manifest["format_version"] == 1
+    assert manifest["format"] == "ellm-artifact" and manifest["format_version"] == 2
     assert manifest["source"]["sha256"] == sha256_file(model_path)
     assert manifest["config"]["n_layers"] == 30 and manifest["config"]["arch"] == "llama"
-    assert manifest["target"]["tvm"]["kind"] == "llvm" and manifest["target"]["tvm"]["mcpu"]
-    assert "avx2" in manifest["target"]["required_cpu_features"]
-    rules = {k["rule"] for k in manifest["kernels"]}
-    if manifest["activations"] != "f32":  # the integer rules of the target's dot-product class
+    (target,) = manifest["targets"]
+    assert target["tvm"]["kind"] == "llvm" and target["tvm"]["mcpu"]
+    assert "avx2" in target["required_cpu_features"]
+    assert target["params"] == list(range(len(manifest["params"])))
+    rules = {k["rule"] for k in target["kernels"]}
+    if target["activations"] != "f32":  # the integer rules of the target's dot-product class
         assert {"attention_input"} <= rules and any(r.endswith("_gemv") and r != "gemv" for r in rules)
     else:
         assert {"gemv", "gemm", "rope_kv_append", "silu_mul"} <= rules
     assert rules >= {"attention", "attention_decode", "embedding"}
-    assert set(manifest["files"]) == {"kernels.so", "weights.bin", "tokenizer.json"}
+    assert set(manifest["files"]) == {target["kernels_file"], "weights.bin", "tokenizer.json"}
     for name, digest in manifest["files"].items():
         assert sha256_file(artifact / name) == digest
 
@@ -89,7 +91,7 @@ def test_cpu_check_names_missing_features(artifact):
     art = Artifact.open(artifact, verify=False, check_cpu=False)
     with pytest.raises(ArtifactError, match="avx2"):
         art.check_cpu(host_flags={"sse2", "sse4_1"})
-    needed = {LLVM_TO_CPUINFO[f] for f in art.manifest["target"]["required_cpu_features"]}
+    needed = {LLVM_TO_CPUINFO[f] for f in art.target["required_cpu_features"]}
     art.check_cpu(host_flags=needed)
     with pytest.raises(ArtifactError, match="fma"):
         art.check_cpu(host_flags=needed - {"fma"})

@@ -35,7 +35,7 @@ def test_tune_then_compile_uses_the_tuned_knobs(tmp_path):
     assert all(r.seconds > 0 for r in records)
     art = compile_model(model, tmp_path / "art", CompileOptions(target=target, tuning_db=tmp_path / "tune.json")).path
     manifest = json.loads((art / "manifest.json").read_text())
-    for k in manifest["kernels"]:
+    for k in manifest["targets"][0]["kernels"]:
         rec = db.best(target, k["name"], k["rule"])
         if rec is not None:
             assert k["knobs"] == rec.knobs

@@ -10,16 +10,24 @@ from ellm.compiler.graph import OpKind, TensorType
 from ellm.errors import EllmError
 from ellm.kv.plan import KVPlan, KVType
 from ellm.schedules import KernelRequest
-from kernels import build, build_request
-from kernels import PRESET
+from kernels import ISA_PRESETS, PRESET, build, build_request, isa_params, needs
 from kvcache import attend_ref, cache_attrs, empty_state, layer_args, quantise_ref, sparse_ref, stored_block
 
-from ellm.schedules.attention import int_scores_for
-
 from ellm.kv.attention import AttentionConfig
+from ellm.targets import IsaClass
 
 DENSE = AttentionConfig.dense().as_array()
-INT = int_scores_for(PRESET)  # quantised key blocks scored with vpdpbusd, the query rounded to int8
+# quantised blocks scored and summed in int32 (the query and the weights rounded to 16 bits) on every target
+# with integer dot products; the NumPy model rounds as they do
+INT = PRESET.isa is not None
+# the integer attention of each dot-product class, where the host can run it (the host's own is PRESET)
+INT_CLASSES = (IsaClass.AVX2, IsaClass.AVX_VNNI, IsaClass.AVX512_VNNI)
+CLASSES = isa_params(*INT_CLASSES)
+
+
+def _per_class(kt, vt):
+    return [pytest.param(kt, vt, ISA_PRESETS[c], id=f"{kt.value}-{vt.value}-{c.name.lower()}", marks=needs(ISA_PRESETS[c]))
+            for c in INT_CLASSES]
 
 F32, F16, Q8, Q4 = KVType.F32, KVType.F16, KVType.Q8, KVType.Q4
 
@@ -63,18 +71,25 @@ def _requests(plan: KVPlan, H: int, layer: int):
     return append, att
 
 
-@pytest.mark.parametrize("kt,vt", [(F16, F16), (Q8, Q8), (Q4, Q4), (Q8, Q4), (F32, F32)])
-def test_append_age_and_attend(kt, vt):
+def _kernels(append_req, pre_req, dec_req, chunk, preset=None):
+    f_app = build(build_request(append_req, preset=preset)[1], preset)["kv_append"]
+    f_pre = build(build_request(pre_req, preset=preset)[1], preset)["attention"] if pre_req is not None else None
+    f_dec = build(build_request(dec_req, {"chunk": chunk}, preset=preset)[1], preset)["attention"]
+    return f_app, f_pre, f_dec
+
+
+@pytest.mark.parametrize("kt,vt,preset", [(F16, F16, None), (F32, F32, None), *_per_class(Q8, Q8), *_per_class(Q4, Q4),
+                                         *_per_class(Q8, Q4)])
+def test_append_age_and_attend(kt, vt, preset):
     """Steps of uneven sizes append K/V; completed blocks age into the store; prefill and split-K decode
-    attention read each block at the precision the tiers give it, as the NumPy model does."""
+    attention read each block at the precision the tiers give it, as the NumPy model does (quantised
+    blocks: with each dot-product class's integer scores and values)."""
     import tvm
 
     H, Hkv, hd, layer = 6, 2, 64, 1
     plan = KVPlan.uniform(2, Hkv, hd, kt, vt, max_chunk=100, block=64, recent=2)
     append_req, (pre_req, dec_req) = _requests(plan, H, layer)
-    f_app = build(build_request(append_req)[1])["kv_append"]
-    f_pre = build(build_request(pre_req)[1])["attention"]
-    f_dec = build(build_request(dec_req, {"chunk": 128})[1])["attention"]
+    f_app, f_pre, f_dec = _kernels(append_req, pre_req, dec_req, 128, preset)
     rng = np.random.default_rng(hash((kt, vt)) % 2**32)
     ctx = 600
     k_all = (rng.standard_normal((Hkv, ctx, hd)) * 2).astype(np.float32)
@@ -110,16 +125,16 @@ def test_append_age_and_attend(kt, vt):
             np.testing.assert_allclose(v, v_want, atol=1e-6)
 
 
+@pytest.mark.parametrize("preset", CLASSES)
 @pytest.mark.parametrize("kt,vt,chunk", [(Q8, Q4, 512), (Q4, Q8, 128)])
-def test_long_context_decode(kt, vt, chunk):
+def test_long_context_decode(kt, vt, chunk, preset):
     """Split-K decode at 4,090 tokens (many chunks, a partial last block) over quantised blocks."""
     import tvm
 
     H, Hkv, hd, layer = 9, 3, 64, 0
     plan = KVPlan.uniform(1, Hkv, hd, kt, vt, max_chunk=256, block=64, recent=2)
     append_req, (_, dec_req) = _requests(plan, H, layer)
-    f_app = build(build_request(append_req)[1])["kv_append"]
-    f_dec = build(build_request(dec_req, {"chunk": chunk})[1])["attention"]
+    f_app, _, f_dec = _kernels(append_req, None, dec_req, chunk, preset)
     rng = np.random.default_rng(7)
     ctx = 4090
     k_all = (rng.standard_normal((Hkv, ctx, hd)) * 2).astype(np.float32)
@@ -144,9 +159,7 @@ def _filled(plan, layer, ctx, seed, step=100):
     H = 9
     Hkv, hd = plan.n_kv_heads, plan.head_dim
     append_req, (pre_req, dec_req) = _requests(plan, H, layer)
-    f_app = build(build_request(append_req)[1])["kv_append"]
-    f_pre = build(build_request(pre_req)[1])["attention"]
-    f_dec = build(build_request(dec_req, {"chunk": 128})[1])["attention"]
+    f_app, f_pre, f_dec = _kernels(append_req, pre_req, dec_req, 128)
     rng = np.random.default_rng(seed)
     k = rng.standard_normal((Hkv, ctx, hd)).astype(np.float32)
     k[:, rng.integers(0, ctx, 12)] *= 4  # a few keys that some query heads will want

@@ -92,7 +92,8 @@ def test_generic_v3_artifact_uses_no_avx512_and_runs_here(tmp_path):
 def _asm_of(artifact_dir) -> str:
     import subprocess
 
-    out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(artifact_dir / "kernels.so")], capture_output=True, text=True)
+    (lib,) = artifact_dir.glob("kernels-*.so")
+    out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(lib)], capture_output=True, text=True)
     if out.returncode != 0:
         pytest.skip("objdump unavailable")
     return out.stdout

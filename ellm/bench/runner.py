@@ -74,7 +74,7 @@ def decode_bytes_per_token(manifest: dict, ctx: int, gen: int, attention: Attent
     summaries it ranks; without, llama.cpp's F16 cache over the whole context."""
     from ..kv.plan import KVPlan
 
-    weights = manifest["decode_weight_bytes"]
+    weights = manifest["targets"][0]["decode_weight_bytes"]
     n_ctx = int(ctx + gen / 2)
     if attention is None:
         return int(weights + f16_kv_bytes_per_token(manifest) * n_ctx)

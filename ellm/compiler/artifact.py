@@ -1,4 +1,5 @@
-"""Write an artifact directory atomically: kernels.so, weights.bin (page-aligned), tokenizer.json, manifest.json."""
+"""Write an artifact directory atomically: a kernel library per target, weights.bin (page-aligned, shared by
+the targets), tokenizer.json, manifest.json."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..fsutil import sha256_file
-from ..runtime.artifact import FORMAT, FORMAT_VERSION, KERNELS, MANIFEST, PAGE, TOKENIZER, WEIGHTS
+from ..runtime.artifact import FORMAT, FORMAT_VERSION, MANIFEST, PAGE, TOKENIZER, WEIGHTS
 from .lower import ParamSpec
 
 
@@ -43,9 +44,9 @@ def write_weights(path: Path, params: Iterable[tuple[ParamSpec, np.ndarray]]) ->
     return table
 
 
-def write_manifest(out: Path, manifest: dict[str, Any]) -> None:
+def write_manifest(out: Path, manifest: dict[str, Any], kernel_files: list[str]) -> None:
     """Record every file's checksum and write the manifest last (inside the not-yet-renamed directory)."""
-    files = {name: sha256_file(out / name) for name in (KERNELS, WEIGHTS, TOKENIZER)}
+    files = {name: sha256_file(out / name) for name in (*kernel_files, WEIGHTS, TOKENIZER)}
     full = {"format": FORMAT, "format_version": FORMAT_VERSION, "created_unix": int(time.time()), **manifest}
     full["files"] = files
     (out / MANIFEST).write_text(json.dumps(full, indent=1))

@@ -1,9 +1,10 @@
-"""`ellm compile`: GGUF -> graph -> passes -> TVM kernels + Relax VM -> artifact directory (atomically)."""
+"""`ellm compile`: GGUF -> graph -> passes -> TVM kernels + Relax VM, per target -> one artifact directory
+(atomically). Several targets share one weights file wherever their parameter layouts agree."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
@@ -11,35 +12,28 @@ from .. import __version__
 from ..config import ModelConfig
 from ..errors import EllmError
 from ..fsutil import atomic_directory
+from ..kv.plan import parse_kv_type
 from ..models import resolve_model
-from ..runtime.artifact import KERNELS, TOKENIZER, WEIGHTS
+from ..runtime.artifact import TOKENIZER, WEIGHTS
 from ..runtime.tokenizer import Tokenizer
-from ..targets import TargetPreset, compute_features, resolve_target
+from ..targets import TargetPreset, resolve_target
 from .artifact import write_manifest, write_weights
+from .compile_target import TargetBuild, TargetOptions, build_graph, compile_target, pass_context
 from .gguf_file import GGUFFile
-from .graph import Graph
-from ..kv.plan import KVPlan, parse_kv_type
-from .import_llama import import_llama
-from .inspect import decode_weight_bytes
-from .lower import ENTRIES, lower
+from .lower import ENTRIES, ParamSpec
 from .pack_weights import pack_params
-from .pass_context import ACTIVATIONS, KVOptions, PassContext
-from .pipeline import REQUIRED, enabled_passes, pass_names, run_pipeline
+from .pass_context import ACTIVATIONS
+from .pipeline import REQUIRED, pass_names
+
+__all__ = ["CompileOptions", "CompileReport", "build_graph", "compile_model", "pass_context"]
 
 
 @dataclass(frozen=True)
-class CompileOptions:
-    target: str = "auto"  # a preset name or "auto"
-    cache_type_k: str = "auto"  # f32 | f16 | q8_0 | q4_0 | auto (kv/plan.py KV_TYPE_CHOICES; auto: KVPlan.auto)
-    cache_type_v: str = "auto"
-    kv_block: int = 64  # tokens per KV block
-    kv_recent: int = 2  # blocks a query reads at float16 (the current one included) before the store's precision
-    disable_passes: tuple[str, ...] = ()
-    enable_passes: tuple[str, ...] = ()  # opt-in passes (pipeline.OPT_IN)
+class CompileOptions(TargetOptions):
+    # a preset name, "auto" (this host's), or several separated by commas: one artifact with a kernel library
+    # per target, the best one this CPU can run chosen at load
+    target: str = "auto"
     tuning_db: Path | None = None
-    max_chunk: int = 256  # most tokens per prefill step; buffers are planned for this size
-    activations: str = "auto"  # "int16"/"int8" (integer matmuls), "f32" (float path), "auto": int16 (AVX2 and later)
-    prefetch: bool = True  # software prefetch in the weight streams (schedules/inject_prefetch.py)
 
     def __post_init__(self) -> None:
         if self.activations not in ("auto", *ACTIVATIONS):
@@ -53,6 +47,23 @@ class CompileOptions:
         unknown = (set(self.disable_passes) | set(self.enable_passes)) - set(pass_names())
         if unknown:
             raise EllmError(f"unknown pass(es) {sorted(unknown)}; passes are: {', '.join(pass_names())}")
+        if not self.target_names():
+            raise EllmError("--target needs at least one preset name or auto")
+
+    def target_names(self) -> list[str]:
+        return [n.strip() for n in self.target.split(",") if n.strip()]
+
+    def presets(self) -> list[TargetPreset]:
+        """The targets, best first (ISA class, then vector width; ties keep the given order), each once."""
+        presets: list[TargetPreset] = []
+        for n in self.target_names():
+            p = resolve_target(n)
+            if p not in presets:
+                presets.append(p)
+        return sorted(presets, key=lambda p: p.rank, reverse=True)
+
+    def for_targets(self) -> TargetOptions:
+        return TargetOptions(**{f.name: getattr(self, f.name) for f in fields(TargetOptions)})
 
 
 @dataclass
@@ -61,24 +72,26 @@ class CompileReport:
     seconds: float
     kernels: int
     artifact_bytes: int
+    targets: list[str] = field(default_factory=list)
+    shared_bytes: int = 0  # parameter bytes every target uses
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def pass_context(options: CompileOptions, preset: TargetPreset) -> PassContext:
-    activations = options.activations
-    if activations == "auto":
-        activations = "int16" if preset.isa is not None else "f32"
-    elif activations != "f32" and preset.isa is None:
-        raise EllmError(f"{activations} activations need integer dot products (AVX2 or later), which target {preset.name} lacks")
-    kv = KVOptions(parse_kv_type(options.cache_type_k), parse_kv_type(options.cache_type_v), options.kv_block,
-                   options.kv_recent, options.max_chunk)
-    return PassContext(preset, activations, kv)
-
-
-def build_graph(gf: GGUFFile, cfg: ModelConfig, options: CompileOptions, preset: TargetPreset) -> tuple[Graph, Graph]:
-    """(imported graph, optimised graph)."""
-    g0 = import_llama(gf, cfg)
-    return g0, run_pipeline(g0, pass_context(options, preset), disable=options.disable_passes, enable=options.enable_passes)
+def _shared_params(builds: list[TargetBuild]) -> tuple[list[ParamSpec], list[list[int]]]:
+    """The union of the targets' parameters (first-seen order; equal specs are one array) and, per target,
+    the indices of its parameters in kernel order."""
+    union: list[ParamSpec] = []
+    index: dict[ParamSpec, int] = {}
+    per_target = []
+    for b in builds:
+        ids = []
+        for spec in b.lowered.params:
+            if spec not in index:
+                index[spec] = len(union)
+                union.append(spec)
+            ids.append(index[spec])
+        per_target.append(ids)
+    return union, per_target
 
 
 def compile_model(
@@ -89,10 +102,8 @@ def compile_model(
     log: Callable[[str], None] = lambda s: None,
 ) -> CompileReport:
     import tvm
-    from tvm import relax
 
     t_start = time.perf_counter()
-    timings: dict[str, float] = {}
     out_dir = Path(out_dir)
     if out_dir.exists() and not force:
         raise EllmError(f"{out_dir} already exists (pass --force to replace it)")
@@ -100,59 +111,54 @@ def compile_model(
     gf = GGUFFile(model_path)
     cfg = ModelConfig.from_gguf(gf)
     tokenizer = Tokenizer.from_gguf(gf)
-    preset = resolve_target(options.target)
-    g0, g = build_graph(gf, cfg, options, preset)
-    log(f"model {model_path.name}: {cfg.arch}, {cfg.n_layers} layers, target {preset.name}")
+    presets = options.presets()
+    graphs = [build_graph(gf, cfg, options, p) for p in presets]  # import (and validate) before any TVM work
+    log(f"model {model_path.name}: {cfg.arch}, {cfg.n_layers} layers, target{'s' if len(presets) > 1 else ''} "
+        f"{', '.join(p.name for p in presets)}")
 
-    knob_lookup = None
-    if options.tuning_db is not None:
-        from ..autotune import TuningDatabase
+    builds = []
+    for preset, gs in zip(presets, graphs):
+        knob_lookup = None
+        if options.tuning_db is not None:
+            from ..autotune import TuningDatabase
 
-        knob_lookup = TuningDatabase.open(options.tuning_db).lookup_for(preset.name)
+            knob_lookup = TuningDatabase.open(options.tuning_db).lookup_for(preset.name)
+        builds.append(compile_target(gs, options.for_targets(), preset, knob_lookup, log))
+    plans = {b.kv_plan.key() for b in builds}
+    if len(plans) > 1:
+        raise EllmError("the targets plan different KV caches; compile them into separate artifacts")
+    union, per_target = _shared_params(builds)
 
-    t = time.perf_counter()
-    lowered = lower(g, preset, knob_lookup, max_chunk=options.max_chunk, prefetch=options.prefetch)
-    timings["lower"] = time.perf_counter() - t
-    t = time.perf_counter()
-    executable = tvm.compile(lowered.mod, target=preset.tvm_target(), relax_pipeline=relax.pipeline.default_build_pipeline())
-    timings["tvm_compile"] = time.perf_counter() - t
-    log(f"compiled {len(lowered.kernels)} kernels in {timings['tvm_compile']:.1f}s")
-
+    timings: dict[str, float] = {}
     with atomic_directory(out_dir, replace=force) as tmp:
         t = time.perf_counter()
-        executable.export_library(str(tmp / KERNELS))
+        for b in builds:
+            b.executable.export_library(str(tmp / b.kernels_file))
         timings["link"] = time.perf_counter() - t
         t = time.perf_counter()
-        table = write_weights(tmp / WEIGHTS, pack_params(gf, lowered.params))
+        table = write_weights(tmp / WEIGHTS, pack_params(gf, union))
         timings["pack_weights"] = time.perf_counter() - t
         (tmp / TOKENIZER).write_text(tokenizer.to_json())
-        t = time.perf_counter()
         manifest = {
             "ellm_version": __version__,
             "tvm_version": tvm.__version__,
             "source": {"file": model_path.name, "sha256": gf.sha256(), "bytes": gf.file_size},
             "config": cfg.to_dict(),
-            "target": {
-                "preset": preset.name,
-                "tvm": preset.target_json(),
-                "required_cpu_features": compute_features(preset.llvm_features),
-            },
-            "kv_cache": KVPlan.from_key(g.op("kv_cache").attr("kv_plan")).to_dict(),
-            "activations": pass_context(options, preset).activations,
+            "targets": [b.manifest_entry(options.for_targets(), ids) for b, ids in zip(builds, per_target)],
+            "kv_cache": builds[0].kv_plan.to_dict(),
             "prefetch": options.prefetch,
             "entries": [{"name": e.name, "tokens": e.m, "logits": "last" if e.last_only else "all"} for e in ENTRIES],
             "max_chunk": options.max_chunk,
-            "decode_weight_bytes": decode_weight_bytes(g),
-            "graph": {
-                "passes": enabled_passes(options.disable_passes, options.enable_passes),
-                "ops_imported": dict(g0.op_counts()),
-                "ops": dict(g.op_counts()),
-            },
-            "kernels": [{"name": k.name, "rule": k.rule, "knobs": k.knobs, "request": k.request} for k in lowered.kernels],
             "params": table,
             "tokenizer": tokenizer.info.to_dict(),
         }
-        write_manifest(tmp, manifest)
-        timings["manifest"] = time.perf_counter() - t
+        write_manifest(tmp, manifest, [b.kernels_file for b in builds])
+    shared = set.intersection(*(set(ids) for ids in per_target))
+    shared_bytes = sum(table[i]["nbytes"] for i in shared)
+    if len(builds) > 1:
+        total = sum(p["nbytes"] for p in table)
+        log(f"weights: {total / 1e6:.1f} MB in one file; {shared_bytes / 1e6:.1f} MB ({len(shared)} of {len(table)} "
+            f"arrays) shared by all {len(builds)} targets")
     size = sum(p.stat().st_size for p in out_dir.iterdir())
-    return CompileReport(out_dir, time.perf_counter() - t_start, len(lowered.kernels), size, timings)
+    return CompileReport(out_dir, time.perf_counter() - t_start, sum(len(b.lowered.kernels) for b in builds), size,
+                         [p.name for p in presets], shared_bytes, timings)

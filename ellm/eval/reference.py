@@ -31,7 +31,7 @@ def reference_artifact(path: Path, model: str | None, log=print) -> Path:
     digest = sha256_file(gguf)
     if digest != art.manifest["source"]["sha256"]:
         raise EllmError(f"{gguf} is not the GGUF {path} was compiled from (pass it with --model)")
-    preset = art.manifest["target"]["preset"]
+    preset = art.target["preset"]
     out = cache_root() / f"reference-{digest[:12]}-{preset}-f16-ellm{__version__}"
     try:
         if is_reference(Artifact.open(out)):

@@ -1,7 +1,8 @@
-"""A compiled artifact on disk: manifest, kernels shared library, page-aligned weights, tokenizer.
+"""A compiled artifact on disk: manifest, a kernel library per target, page-aligned weights, tokenizer.
 
-Loading verifies every file against its checksum and the CPU against the features the kernels were
-compiled for, then memory-maps the weights (zero-copy) and loads the library. It never compiles.
+Loading verifies every file against its checksum, chooses the first target (they are stored best first)
+whose CPU features this machine has, memory-maps the weights that target uses (zero-copy) and loads its
+library. It never compiles.
 """
 
 from __future__ import annotations
@@ -16,13 +17,12 @@ import numpy as np
 from ..config import ModelConfig
 from ..errors import ArtifactError
 from ..fsutil import sha256_file
-from ..targets import host_cpuinfo_flags, missing_features
+from ..targets import MASK_ENV, cpu_mask, host_flags, missing_features
 from .tokenizer import Tokenizer, TokenizerInfo
 
 FORMAT = "ellm-artifact"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: several targets, each with its kernel library, sharing one weights file
 MANIFEST = "manifest.json"
-KERNELS = "kernels.so"
 WEIGHTS = "weights.bin"
 TOKENIZER = "tokenizer.json"
 PAGE = 4096  # every parameter starts on a page boundary (mmap, NUMA placement, 64-byte kernel alignment)
@@ -38,18 +38,17 @@ class ParamEntry:
 
 
 class Artifact:
-    def __init__(self, path: Path, manifest: dict[str, Any]):
+    def __init__(self, path: Path, manifest: dict[str, Any], target: dict[str, Any] | None = None):
         self.path = path
         self.manifest = manifest
         self.config = ModelConfig.from_dict(manifest["config"])
-        self.params = [
-            ParamEntry(p["name"], p["dtype"], tuple(p["shape"]), int(p["offset"]), int(p["nbytes"]))
-            for p in manifest["params"]
-        ]
+        self.targets: list[dict[str, Any]] = manifest["targets"]
+        self.target = target or self.targets[0]  # the target whose kernels run
 
     # --- opening and verification ------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | Path, verify: bool = True, check_cpu: bool = True) -> Artifact:
+    def open(cls, path: str | Path, verify: bool = True, check_cpu: bool = True, target: str | None = None) -> Artifact:
+        """`target`: run this one of the artifact's targets (default: the best this CPU can run)."""
         path = Path(path)
         if not path.is_dir():
             raise ArtifactError(f"artifact directory not found: {path} (create one with `ellm compile -o {path}`)")
@@ -68,11 +67,23 @@ class Artifact:
                 f"{FORMAT_VERSION}: recompile it"
             )
         art = cls(path, manifest)
+        if target is not None:
+            art.target = art._named_target(target)
         if verify:
             art.verify_files()
         if check_cpu:
-            art.check_cpu()
+            art.choose_target(named=target)
         return art
+
+    def _named_target(self, name: str) -> dict[str, Any]:
+        for t in self.targets:
+            if t["preset"] == name:
+                return t
+        raise ArtifactError(f"{self.path} has no target {name!r} (it has {', '.join(self.target_names)})")
+
+    @property
+    def target_names(self) -> list[str]:
+        return [t["preset"] for t in self.targets]
 
     def verify_files(self) -> None:
         for name, expected in self.manifest["files"].items():
@@ -86,16 +97,34 @@ class Artifact:
                     "the artifact is corrupt or was modified; recompile it"
                 )
 
+    def choose_target(self, host_flags_: set[str] | None = None, named: str | None = None) -> dict[str, Any]:
+        """The first target (best first) whose features the host has (`named`: that one, if the host has its
+        features); refuses with one line naming what each target lacks."""
+        flags = host_flags() if host_flags_ is None else host_flags_
+        candidates = [self._named_target(named)] if named else self.targets
+        lacking = {}
+        for t in candidates:
+            missing = missing_features(t["required_cpu_features"], flags)
+            if not missing:
+                self.target = t
+                return t
+            lacking[t["preset"]] = missing
+        masked = f" ({MASK_ENV} hides {', '.join(cpu_mask())})" if cpu_mask() and host_flags_ is None else ""
+        why = "; ".join(f"{name} needs {', '.join(m)}" for name, m in lacking.items())
+        which = f"target {named} of the artifact" if named else "any target of the artifact"
+        raise ArtifactError(f"this CPU{masked} cannot run {which}: {why}; compile it here with `ellm compile --target auto`")
+
     def check_cpu(self, host_flags: set[str] | None = None) -> None:
-        target = self.manifest["target"]
-        missing = missing_features(target["required_cpu_features"], host_flags or host_cpuinfo_flags())
-        if missing:
-            raise ArtifactError(
-                f"artifact was compiled for target {target['preset']} and needs CPU features this machine lacks: "
-                f"{', '.join(missing)}; compile it here with `ellm compile --target auto`"
-            )
+        self.choose_target(host_flags)
 
     # --- contents ---------------------------------------------------------------------------
+    @property
+    def params(self) -> list[ParamEntry]:
+        """The chosen target's parameters, in the order its kernels take them."""
+        table = self.manifest["params"]
+        return [ParamEntry(table[i]["name"], table[i]["dtype"], tuple(table[i]["shape"]), int(table[i]["offset"]),
+                           int(table[i]["nbytes"])) for i in self.target["params"]]
+
     @property
     def kv_plan(self):
         """The KV cache plan (kv/plan.py) the kernels were compiled for."""
@@ -107,26 +136,26 @@ class Artifact:
         return Tokenizer.load(self.path / TOKENIZER, TokenizerInfo.from_dict(self.manifest["tokenizer"]))
 
     def map_params(self, huge_pages: bool = False) -> list[np.ndarray]:
-        """Every parameter as a NumPy view of the weights file: memory-mapped (copy-on-write, never written,
-        shared with other processes), or with `huge_pages` read into private memory on 2 MiB pages
-        (runtime/hugepages.py: fewer TLB misses as each step streams them)."""
+        """The chosen target's parameters as NumPy views of the weights file: memory-mapped (copy-on-write,
+        never written, shared with other processes), or with `huge_pages` the arrays it uses read into private
+        memory on 2 MiB pages (runtime/hugepages.py: fewer TLB misses as each step streams them), each at its
+        offset in the file."""
+        params = self.params
         mm = np.memmap(self.path / WEIGHTS, dtype=np.uint8, mode="c")
         if huge_pages:
             from .hugepages import huge_bytes
 
             whole = huge_bytes(mm.size)  # offsets in the file are page aligned, so views stay 64-byte aligned
-            whole[...] = mm
+            for p in params:  # only what this target reads: another target's layouts stay on disk
+                whole[p.offset : p.offset + p.nbytes] = mm[p.offset : p.offset + p.nbytes]
             mm = whole
-        arrays = []
-        for p in self.params:
-            arr = mm[p.offset : p.offset + p.nbytes].view(np.dtype(p.dtype)).reshape(p.shape)
-            arrays.append(arr)
-        return arrays
+        return [mm[p.offset : p.offset + p.nbytes].view(np.dtype(p.dtype)).reshape(p.shape) for p in params]
 
     def load_module(self):
         import tvm
 
+        path = self.path / self.target["kernels_file"]
         try:
-            return tvm.runtime.load_module(str(self.path / KERNELS))
+            return tvm.runtime.load_module(str(path))
         except Exception as e:
-            raise ArtifactError(f"cannot load {self.path / KERNELS}: {e}") from None
+            raise ArtifactError(f"cannot load {path}: {e}") from None

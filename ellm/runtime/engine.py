@@ -105,7 +105,8 @@ class Engine:
             raise EllmError(f"prefill_chunk must be between 1 and the artifact's max_chunk {max_chunk}, got {prefill_chunk}")
         self.tokenizer = artifact.tokenizer()
         set_threads(self.threads)
-        if any(f.startswith("amx") for f in artifact.manifest["target"]["required_cpu_features"]):
+        self.target = artifact.target["preset"]  # the artifact's target whose kernels run (runtime/artifact.py)
+        if any(f.startswith("amx") for f in artifact.target["required_cpu_features"]):
             from .amx import request_amx_permission
 
             request_amx_permission()
@@ -130,8 +131,10 @@ class Engine:
         self.stats = GenerationStats()
 
     @classmethod
-    def load(cls, path: str | Path, threads: int | None = None, ctx_size: int | None = None, **kw) -> Engine:
-        return cls(Artifact.open(path), threads=threads, ctx_size=ctx_size, **kw)
+    def load(cls, path: str | Path, threads: int | None = None, ctx_size: int | None = None, target: str | None = None,
+             **kw) -> Engine:
+        """`target`: run that target of the artifact (default: the best one this CPU can run)."""
+        return cls(Artifact.open(path, target=target), threads=threads, ctx_size=ctx_size, **kw)
 
     # --- cache ------------------------------------------------------------------------------
     @property

@@ -24,8 +24,9 @@ from tvm.tirx.script.builder import ir as I
 
 from ..compiler.graph import OpKind
 from ..kv.plan import KVPlan, KVType
-from ..targets import IsaClass, TargetPreset
+from ..targets import TargetPreset
 from .attention_block import Query, State, attend, finish
+from .intdot import Dot, dot_for
 from .kv_blocks import KVBuffers, L, bc, ramp
 from .read_list import ReadShape, list_item, n_items, opaque, select_blocks, widen
 from .rule import KernelRequest, Knob, Rule
@@ -38,17 +39,13 @@ def kv_plan_of(req: KernelRequest) -> tuple[KVPlan, KVType, KVType]:
     return plan, KVType(req.attr("kv_k")), KVType(req.attr("kv_v"))
 
 
-def int_scores_for(target: TargetPreset) -> bool:
-    """Integer scores for quantised keys need vpdpbusd (VNNI) and vpermb (VBMI)."""
-    return target.isa is not None and target.isa >= IsaClass.AVX512_VNNI and target.has("avx512vbmi")
-
-
-def build_attention(req: KernelRequest, chunk: int, int_scores: bool = False, int_values: bool = False,
-                    prefetch: int = 0):
+def build_attention(req: KernelRequest, chunk: int, dot: Dot | None = None, int_scores: bool = False,
+                    int_values: bool = False, prefetch: int = 0):
     """`chunk` > 0 splits the keys of single-token steps into chunks of that many keys (whole blocks).
-    `int_scores`: quantised key blocks are scored with vpdpbusd against the query rounded to 16 bits;
-    `int_values`: quantised value blocks are summed with vpdpbusd, the weights rounded to 16 bits;
-    `prefetch` > 0: decode prefetches the stored block that many items ahead in its read list."""
+    With `dot` (the target's integer dot products): `int_scores`, quantised key blocks are scored in int32
+    against the query rounded to 16 bits; `int_values`, quantised value blocks are summed in int32, the
+    weights rounded to 16 bits. `prefetch` > 0: decode prefetches the stored block that many items ahead
+    in its read list."""
     plan, kt, vt = kv_plan_of(req)
     hd, Hkv = plan.head_dim, plan.n_kv_heads
     H = int(req.attr("n_heads"))
@@ -60,7 +57,7 @@ def build_attention(req: KernelRequest, chunk: int, int_scores: bool = False, in
             I.func_attr({"tirx.noalias": True})
             n = req.m if req.m is not None else tirx.Var("T", "int64")
             q = I.arg("q", I.buffer((n, H * hd), "float32"))  # [T, n_heads * head_dim], rotated
-            kv = KVBuffers.declare(plan, kt, vt, int_scores, int_values)
+            kv = KVBuffers.declare(plan, kt, vt, dot, int_scores, int_values)
             attn = I.arg("attn", I.buffer((5,), "float32"))  # [sinks, window, topk, widen, margin]
             pos, layer, kslot, vslot = KVBuffers.step_args()
             out = I.arg("out", I.buffer((n, H * hd), "float32"))
@@ -187,8 +184,8 @@ class AttentionDecodeRule(Rule):
     name = "attention_decode"
     knobs = (
         Knob("chunk", 256, (128, 256, 512, 1024, 2048), "keys per split-K task"),
-        Knob("int_scores", 1, (0, 1), "score quantised key blocks with vpdpbusd (where the target has VNNI + VBMI)"),
-        Knob("int_values", 1, (0, 1), "sum quantised value blocks with vpdpbusd (where the target has VNNI + VBMI)"),
+        Knob("int_scores", 1, (0, 1), "score quantised key blocks with integer dot products"),
+        Knob("int_values", 1, (0, 1), "sum quantised value blocks with integer dot products"),
         Knob("prefetch", 1, (0, 1, 2), "prefetch the stored block this many items ahead in the read list (0: off)"),
     )
 
@@ -196,9 +193,8 @@ class AttentionDecodeRule(Rule):
         return req.m == 1 and _applies(req)
 
     def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
-        fast = int_scores_for(target)
-        return build_attention(req, knobs["chunk"], bool(knobs["int_scores"]) and fast,
-                               bool(knobs["int_values"]) and fast, knobs["prefetch"])
+        return build_attention(req, knobs["chunk"], dot_for(target), bool(knobs["int_scores"]), bool(knobs["int_values"]),
+                               knobs["prefetch"])
 
 
 class AttentionPrefillRule(Rule):
@@ -210,4 +206,4 @@ class AttentionPrefillRule(Rule):
         return req.m != 1 and _applies(req)
 
     def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
-        return build_attention(req, 0, int_scores_for(target), int_scores_for(target))
+        return build_attention(req, 0, dot_for(target), True, True)

@@ -1,12 +1,12 @@
 """One block of keys for the G query heads of a KV head: its scores, one online-softmax update, its values.
 
 Scores: keys are stored transposed ([hd, 16] per tile), so 16 keys score as one vector. Quantised keys (per
-channel: min, scale) score as sum_d q_d min_d + sum_d (q_d scale_d) code_d; with VNNI the second sum runs
-in int32 (vpdpbusd) against the query times the scales rounded to 16 bits (two int8 halves). Values:
-sum_j p_j v_j; quantised values (per token: min, scale) as sum_j p_j min_j + sum_j (p_j scale_j) code_j,
-the mins' share one vector per head, and with VNNI the weights p_j scale_j rounded to 16 bits per block
-and summed with vpdpbusd over 4 keys per 32-bit lane. Each K and V vector is loaded and converted once
-for the G heads.
+channel: min, scale) score as sum_d q_d min_d + sum_d (q_d scale_d) code_d; on the integer path the second
+sum runs exactly in int32 (schedules/intdot.py: vpdpbusd, or vpmaddubsw + vpmaddwd on AVX2) against the
+query times the scales rounded to 16 bits (two int8 halves). Values: sum_j p_j v_j; quantised values (per
+token: min, scale) as sum_j p_j min_j + sum_j (p_j scale_j) code_j, the mins' share one vector per head,
+and on the integer path the weights p_j scale_j rounded to 16 bits per block and summed in int32 over 4
+keys per 32-bit lane. Each K and V vector is loaded and converted once for the G heads.
 """
 
 from __future__ import annotations
@@ -30,10 +30,8 @@ from .kv_blocks import (
     v_group_u8,
 )
 from .sparse_select import NEG
-from .intdot import Dot
+from .intdot import Dot, GroupSum
 from .vecmath import exp_f32, hmax, hsum
-
-_VNNI = Dot(IsaClass.AVX512_VNNI, 512)
 
 
 class State:
@@ -50,8 +48,6 @@ class State:
         self.whi = I.alloc_buffer((B,), "int8")  # quantised V, integer path: p * scale rounded to 16 bits,
         self.wlo = I.alloc_buffer((B,), "int8")  # in two int8 halves, times wf
         self.wf = I.alloc_buffer((1,), "float32")
-        self.ihi = I.alloc_buffer((L,), "int32")  # their sums over the block for 16 channels
-        self.ilo = I.alloc_buffer((L,), "int32")
         self.hd = hd
         I.buffer_store(self.m, f32(NEG), [0])
         I.buffer_store(self.l, f32(0.0), [0])
@@ -80,8 +76,6 @@ class Query:
             self.qhi = I.alloc_buffer((G * hd,), "int8")
             self.qlo = I.alloc_buffer((G * hd,), "int8")
             self.qf = I.alloc_buffer((G,), "float32")
-            self.shi = I.alloc_buffer((G * L,), "int32")  # integer scores of 16 keys: high and low halves
-            self.slo = I.alloc_buffer((G * L,), "int32")
         for g in range(G):
             for c in range(hd // L):
                 I.buffer_store(self.qs, q[t, ramp((head0 + g) * hd + c * L)] * bc(f32(scale)), [ramp(g * hd + c * L)])
@@ -117,17 +111,19 @@ def attend_block(kv: KVBuffers, qy: Query, layer, kslot, vslot, kvh, b, limit, r
         return k_codes_f32(kv.k_store, (kslot, kvh, b, d), kt, sub)
 
     with I.serial(0, B // L) as sub:  # scores, 16 keys at a time (ring: stale keys past the limit masked below)
-        if int_scores:  # sum_d q16_d code_d exactly in int32, 4 channels per vpdpbusd and half
-            for g in range(G):
-                for acc in (qy.shi, qy.slo):
-                    I.buffer_store(acc, bc(tirx.const(0, "int32")), [ramp(g * L)])
-            with I.serial(0, hd // 4) as w:
-                codes = I.Bind(tirx.reinterpret("int8x64", k_codes_group_u8(kv.k_store, (kslot, kvh, b), kt, sub, w)))
-                for g in range(G):
-                    _dot_halves(codes, (qy.shi, qy.slo), (qy.qhi, qy.qlo), g * hd + 4 * w, g * L)
+        if int_scores:  # sum_d q16_d code_d exactly in int32, 4 channels per dot product and half
+            sums = GroupSum(kv.dot, G, 2)
+            sums.zero()
+            run = _run(kv.dot, hd // 4, kt.qmax)
+            with I.serial(0, hd // 4 // run) as wo:
+                for wi in range(run):
+                    w = wo * run + wi
+                    raw = I.Bind(k_codes_group_u8(kv.k_store, (kslot, kvh, b), kt, sub, w))
+                    for g in range(G):
+                        _add_halves(sums, g, raw, kt.qmax, (qy.qhi, qy.qlo), g * hd + 4 * w)
+                sums.flush()
             for g, st in enumerate(states):
-                si = (qy.shi[ramp(g * L)] << bc(tirx.const(8, "int32"))) + qy.slo[ramp(g * L)]
-                I.buffer_store(st.s, bc(qy.kc[g]) + bc(qy.qf[g]) * tirx.Cast(F32, si), [ramp(sub * L)])
+                I.buffer_store(st.s, bc(qy.kc[g]) + bc(qy.qf[g]) * tirx.Cast(F32, sums.total(g)), [ramp(sub * L)])
         else:
             for g, st in enumerate(states):
                 I.buffer_store(st.s, bc(qy.kc[g]) if not kt.is_float else bc(f32(0.0)), [ramp(sub * L)])
@@ -205,33 +201,51 @@ def _quantised_values(kv: KVBuffers, vslot, kvh, b, states) -> None:
                         I.buffer_store(st.acc, st.acc[ramp(c * L)] + w * rows[c], [ramp(c * L)])
         return
     per = 1 if vt is KVType.Q8 else 2  # key groups per 64-byte load
-    zero = bc(tirx.const(0, "int32"))
+    groups = B // 4 // per
+    run = _run(kv.dot, groups, vt.qmax)
     with I.serial(0, hd // L, unroll=False) as c:  # rolled: the unrolled key groups inside are enough code
-        for st in states:
-            I.buffer_store(st.ihi, zero, [ramp(0)])
-            I.buffer_store(st.ilo, zero, [ramp(0)])
-        with I.serial(0, B // 4 // per) as m:
-            raw = I.Bind(kv.v_store[vslot, kvh, b, c, m, tirx.Ramp(0, 1, 64)])
-            halves = [raw] if per == 1 else [nibbles_u8x64(raw, 0), nibbles_u8x64(raw, 1)]
-            for h, codes in enumerate(halves):
-                codes = I.Bind(tirx.reinterpret("int8x64", codes))
-                for st in states:
-                    _dot_halves(codes, (st.ihi, st.ilo), (st.whi, st.wlo), 4 * (m * per + h), 0)
-        for st in states:
-            whole = tirx.Cast(F32, st.ihi[ramp(0)]) * bc(f32(256.0)) + tirx.Cast(F32, st.ilo[ramp(0)])
+        sums = GroupSum(kv.dot, len(states), 2)
+        sums.zero()
+        with I.serial(0, groups // run) as mo:
+            for mi in range(run):
+                m = mo * run + mi
+                raw = I.Bind(kv.v_store[vslot, kvh, b, c, m, tirx.Ramp(0, 1, 64)])
+                halves = [raw] if per == 1 else [nibbles_u8x64(raw, 0), nibbles_u8x64(raw, 1)]
+                for h, codes in enumerate(halves):
+                    codes = I.Bind(codes)
+                    for i, st in enumerate(states):
+                        _add_halves(sums, i, codes, vt.qmax, (st.whi, st.wlo), 4 * (m * per + h))
+            sums.flush()
+        for i, st in enumerate(states):
+            whole = tirx.Cast(F32, sums.total(i))
             I.buffer_store(st.acc, st.acc[ramp(c * L)] + whole * bc(st.wf[0]), [ramp(c * L)])
 
 
 Q16 = 127 * 256  # |q16| <= Q16 keeps both int8 halves in [-128, 127] and every sum inside int32
 
 
-def _dot_halves(codes, accs, halves, at, acc_at) -> None:
-    """accs[i][acc_at : acc_at + 16] += the int8x64 `codes` (4 per 32-bit lane, unsigned) times the 4 int8
-    factors halves[i][at : at + 4] broadcast to every lane: one vpdpbusd per half of 16-bit factors."""
-    for acc, half in zip(accs, halves):
-        word = tirx.reinterpret("int32", half[tirx.Ramp(at, 1, 4)])
-        factors = tirx.reinterpret("int8x64", tirx.Broadcast(word, L))
-        I.buffer_store(acc, _VNNI.dpbusd(acc[ramp(acc_at)], codes, factors), [ramp(acc_at)])
+def _run(dot: Dot, n: int, cmax: int) -> int:
+    """Dot products per unrolled loop body: VNNI sums in int32 as it goes (1: the loop stays rolled); AVX2 keeps
+    int16 partial sums for as many as its bound allows (byte codes count as nibbles: they are split)."""
+    if dot.isa is not IsaClass.AVX2:
+        return 1
+    depth = Dot.depth(min(cmax, 15))
+    return max(d for d in range(1, n + 1) if n % d == 0 and d <= depth)
+
+
+def _add_halves(sums: GroupSum, slot: int, codes_u8, cmax: int, halves, at) -> None:
+    """sums[slot] += the 64 unsigned codes (4 per 32-bit lane, <= cmax) times the 4 int8 factors halves[i][at :
+    at + 4] broadcast to every lane, the factor being 256 halves[0] + halves[1]. Byte codes are split into
+    nibbles where the dot products saturate on them (AVX2)."""
+    if cmax > 15 and sums.dot.split_bytes:
+        ops = [(nibbles_u8x64(codes_u8, 0), 15, 0), (nibbles_u8x64(codes_u8, 1), 15, 4)]
+    else:
+        ops = [(codes_u8, cmax, 0)]
+    for codes, c, shift in ops:
+        codes = tirx.reinterpret("int8x64", codes)
+        for h, half in enumerate(halves):
+            word = tirx.reinterpret("int32", half[tirx.Ramp(at, 1, 4)])
+            sums.add(slot, h, codes, tirx.reinterpret("int8x64", tirx.Broadcast(word, L)), c, shift)
 
 
 def _split16(vecs, hi_buf, lo_buf, scale_buf, at=0, base=0) -> None:

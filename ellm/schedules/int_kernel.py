@@ -145,6 +145,7 @@ def micro_kernel(dot: Dot, qtype, w, tiles: list, t0, tt: int, K: int, acts: Act
     halves = acts.halves
     with I.serial(0, K // G, annotations=annotations) as g:
         sums = GroupSum(dot, tt * nt, len(halves))
+        sums.zero()
         for j, tile in enumerate(tiles):
             for op in operands(qtype, w, tile, g, dot.split_bytes):
                 a = I.Bind(op.weights)
@@ -152,6 +153,7 @@ def micro_kernel(dot: Dot, qtype, w, tiles: list, t0, tt: int, K: int, acts: Act
                     for h, xs in enumerate(halves):
                         xb = tirx.reinterpret("int32", xs[t0 + i, tirx.Ramp(g * G + op.inputs, 1, 4)])
                         sums.add(slot(i, j), h, a, _bytes(tirx.Broadcast(xb, L)), op.cmax, op.shift)
+        sums.flush()
         for i in range(tt):
             dxi = acts.dx[t0 + i, g * G // 32]
             sqi = group_sq(acts, t0 + i, g, G)

@@ -107,27 +107,28 @@ def dot_for(target: TargetPreset) -> Dot | None:
 
 
 class GroupSum:
-    """Exact int32 sums over one group of inputs for `slots` accumulators (token x row tile), with factors in
-    one or two int8 halves (two: the factor is 256 * high + low, half 0 being the high one).
+    """Exact int32 sums for `slots` accumulators of 16 lanes (e.g. token x row tile), with factors in one or two
+    int8 halves (two: the factor is 256 * high + low, half 0 being the high one).
 
-    add(slot, half, codes, factors, cmax, shift) adds codes (<= cmax) << shift times factors; total(slot) is
-    the sum of everything added to the slot, both halves combined.
+    zero() emits the clearing of the sums; add(slot, half, codes, factors, cmax, shift) adds codes (<= cmax)
+    << shift times factors; flush() must follow the last add of a loop body (AVX2 widens its int16 partial
+    sums there: they live within one unrolled run of adds); total(slot) is everything added to the slot,
+    both halves combined. The sums may persist across the iterations of a loop around the adds.
     """
 
     def __init__(self, dot: Dot, slots: int, halves: int):
         self.dot, self.slots, self.halves = dot, slots, halves
         self.vnni = dot.isa is not IsaClass.AVX2
-        if self.vnni:  # one int32 accumulator per slot and half, combined at the end
-            self.acc = [I.alloc_buffer((slots * L,), "int32") for _ in range(halves)]
-            for buf in self.acc:
-                for s in range(slots):
-                    I.buffer_store(buf, _bc(0, "int32", L), [tirx.Ramp(s * L, 1, L)])
-            return
-        # AVX2: int16 partial sums per (slot, half, shift), widened into one int32 sum per slot
+        # VNNI: one int32 accumulator per slot and half, combined at the end; AVX2: int16 partial sums per
+        # (slot, half, shift), widened into one int32 sum per slot
+        self.acc = [I.alloc_buffer((slots * L,), "int32") for _ in range(halves if self.vnni else 1)]
         self.acc16: dict[tuple[int, int, int], object] = {}
-        self.pending: dict[tuple[int, int, int], tuple[int, int]] = {}  # key -> (adds since widening, cmax)
-        self.acc32 = I.alloc_buffer((slots * L,), "int32")
-        self.fresh32 = [True] * slots
+        self.pending: dict[tuple[int, int, int], int] = {}  # key -> adds since the last widening
+
+    def zero(self) -> None:
+        for buf in self.acc:
+            for s in range(self.slots):
+                I.buffer_store(buf, _bc(0, "int32", L), [tirx.Ramp(s * L, 1, L)])
 
     def add(self, slot: int, half: int, codes, factors, cmax: int, shift: int = 0) -> None:
         at = tirx.Ramp(slot * L, 1, L)
@@ -140,33 +141,30 @@ class GroupSum:
         if key not in self.acc16:
             self.acc16[key] = I.alloc_buffer((2 * L,), "int16")
         buf, at16 = self.acc16[key], tirx.Ramp(0, 1, 2 * L)
-        n, _ = self.pending.get(key, (0, cmax))
+        n = self.pending.get(key, 0)
         p = self.dot.maddubs(codes, factors)
         I.buffer_store(buf, p if n == 0 else buf[at16] + p, [at16])
-        self.pending[key] = (n + 1, cmax)
+        self.pending[key] = n + 1
         if n + 1 == Dot.depth(cmax):
             self._widen(key)
 
     def _widen(self, key) -> None:
         slot, half, shift = key
-        n, _ = self.pending.pop(key)
-        if n == 0:
+        if not self.pending.pop(key, 0):
             return
         factor = (256 if self.halves == 2 and half == 0 else 1) << shift
         w = self.dot.maddwd(self.acc16[key][tirx.Ramp(0, 1, 2 * L)], factor)
         at = tirx.Ramp(slot * L, 1, L)
-        I.buffer_store(self.acc32, w if self.fresh32[slot] else self.acc32[at] + w, [at])
-        self.fresh32[slot] = False
+        I.buffer_store(self.acc[0], self.acc[0][at] + w, [at])
+
+    def flush(self) -> None:
+        for key in list(self.pending):
+            self._widen(key)
 
     def total(self, slot: int):
-        """int32x16: the slot's exact sum (call after the group's last add)."""
+        """int32x16: the slot's exact sum (after flush())."""
+        assert not any(k[0] == slot for k in self.pending), "flush() before total()"
         at = tirx.Ramp(slot * L, 1, L)
-        if self.vnni:
-            if self.halves == 1:
-                return self.acc[0][at]
+        if self.vnni and self.halves == 2:
             return (self.acc[0][at] << _bc(8, "int32", L)) + self.acc[1][at]
-        for key in [k for k in self.pending if k[0] == slot]:
-            self._widen(key)
-        if self.fresh32[slot]:
-            return _bc(0, "int32", L)
-        return self.acc32[at]
+        return self.acc[0][at]

@@ -14,6 +14,7 @@ from tvm import tirx
 from tvm.tirx.script.builder import ir as I
 
 from ..kv.plan import KVPlan, KVType
+from .intdot import Dot
 from .vecmath import hmax, hreduce
 
 L = 16  # lanes: keys per score vector, channels per value vector
@@ -52,11 +53,12 @@ class KVBuffers:
     v_store: object
     v_params: object | None
     nb: object = None  # the symbolic number of blocks in the stores
-    int_scores: bool = False  # score quantised key blocks with vpdpbusd (int8 query, needs VNNI + VBMI)
-    int_values: bool = False  # sum quantised value blocks with vpdpbusd (weights rounded to 16 bits, VNNI)
+    dot: Dot | None = None  # the target's integer dot products (schedules/intdot.py), for the two below
+    int_scores: bool = False  # score quantised key blocks in int32 (the query rounded to 16 bits)
+    int_values: bool = False  # sum quantised value blocks in int32 (the weights rounded to 16 bits)
 
     @classmethod
-    def declare(cls, plan: KVPlan, kt: KVType, vt: KVType, int_scores: bool = False,
+    def declare(cls, plan: KVPlan, kt: KVType, vt: KVType, dot: Dot | None = None, int_scores: bool = False,
                 int_values: bool = False) -> KVBuffers:
         """The buffers of a layer whose K and V classes are kt and vt, in KVPlan.layer_tensors order."""
         nb = tirx.Var("NB", "int64")
@@ -64,7 +66,7 @@ class KVBuffers:
                 for st in plan.layer_tensors(kt, vt)]
         ring_k, ring_v, k_store, k_side, v_store, *v_params = args
         return cls(plan, kt, vt, ring_k, ring_v, k_store, k_side, v_store, v_params[0] if v_params else None, nb,
-                   int_scores and not kt.is_float, int_values and not vt.is_float)
+                   dot, dot is not None and int_scores and not kt.is_float, dot is not None and int_values and not vt.is_float)
 
     @staticmethod
     def step_args():

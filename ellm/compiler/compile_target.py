@@ -1,0 +1,110 @@
+"""One target of an artifact: the graph through the passes for that target, lowered, compiled by TVM."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..config import ModelConfig
+from ..errors import EllmError
+from ..kv.plan import KVPlan, parse_kv_type
+from ..targets import TargetPreset
+from .gguf_file import GGUFFile
+from .graph import Graph
+from .import_llama import import_llama
+from .inspect import decode_weight_bytes
+from .lower import Lowered, lower
+from .pass_context import ACTIVATIONS, KVOptions, PassContext
+from .pipeline import enabled_passes, run_pipeline
+
+
+@dataclass(frozen=True)
+class TargetOptions:
+    """What compile options every target shares (CompileOptions holds these plus the targets)."""
+
+    cache_type_k: str = "auto"
+    cache_type_v: str = "auto"
+    kv_block: int = 64
+    kv_recent: int = 2
+    disable_passes: tuple[str, ...] = ()
+    enable_passes: tuple[str, ...] = ()
+    max_chunk: int = 256
+    activations: str = "auto"
+    prefetch: bool = True
+
+
+def pass_context(options: TargetOptions, preset: TargetPreset) -> PassContext:
+    activations = options.activations
+    if activations == "auto":
+        activations = "int16" if preset.isa is not None else "f32"
+    elif activations != "f32" and preset.isa is None:
+        raise EllmError(f"{activations} activations need integer dot products (AVX2 or later), which target {preset.name} lacks")
+    assert activations in ACTIVATIONS
+    kv = KVOptions(parse_kv_type(options.cache_type_k), parse_kv_type(options.cache_type_v), options.kv_block,
+                   options.kv_recent, options.max_chunk)
+    return PassContext(preset, activations, kv)
+
+
+def build_graph(gf: GGUFFile, cfg: ModelConfig, options: TargetOptions, preset: TargetPreset) -> tuple[Graph, Graph]:
+    """(imported graph, optimised graph)."""
+    g0 = import_llama(gf, cfg)
+    return g0, run_pipeline(g0, pass_context(options, preset), disable=options.disable_passes, enable=options.enable_passes)
+
+
+@dataclass
+class TargetBuild:
+    preset: TargetPreset
+    activations: str
+    graph0: Graph
+    graph: Graph
+    lowered: Lowered
+    executable: Any  # tvm.runtime.Executable
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def kv_plan(self) -> KVPlan:
+        return KVPlan.from_key(self.graph.op("kv_cache").attr("kv_plan"))
+
+    @property
+    def kernels_file(self) -> str:
+        return f"kernels-{self.preset.name}.so"
+
+    def manifest_entry(self, options: TargetOptions, param_indices: list[int]) -> dict[str, Any]:
+        """This target's part of the manifest; `param_indices` point into the artifact's shared parameter table."""
+        p = self.preset
+        return {
+            "preset": p.name,
+            "isa": p.isa.label if p.isa is not None else None,
+            "tvm": p.target_json(),
+            "required_cpu_features": p.required_cpu_features,
+            "kernels_file": self.kernels_file,
+            "activations": self.activations,
+            "decode_weight_bytes": decode_weight_bytes(self.graph),
+            "graph": {
+                "passes": enabled_passes(options.disable_passes, options.enable_passes),
+                "ops_imported": dict(self.graph0.op_counts()),
+                "ops": dict(self.graph.op_counts()),
+            },
+            "kernels": [{"name": k.name, "rule": k.rule, "knobs": k.knobs, "request": k.request} for k in self.lowered.kernels],
+            "params": param_indices,
+        }
+
+
+def compile_target(graphs: tuple[Graph, Graph], options: TargetOptions, preset: TargetPreset, knob_lookup=None,
+                   log: Callable[[str], None] = lambda s: None) -> TargetBuild:
+    """`graphs`: build_graph's (imported, optimised) graphs for this target."""
+    import tvm
+    from tvm import relax
+
+    timings = {}
+    g0, g = graphs
+    t = time.perf_counter()
+    lowered = lower(g, preset, knob_lookup, max_chunk=options.max_chunk, prefetch=options.prefetch)
+    timings["lower"] = time.perf_counter() - t
+    t = time.perf_counter()
+    executable = tvm.compile(lowered.mod, target=preset.tvm_target(), relax_pipeline=relax.pipeline.default_build_pipeline())
+    timings["tvm_compile"] = time.perf_counter() - t
+    log(f"target {preset.name} ({preset.isa.label if preset.isa else 'float'}): "
+        f"compiled {len(lowered.kernels)} kernels in {timings['tvm_compile']:.1f}s")
+    return TargetBuild(preset, pass_context(options, preset).activations, g0, g, lowered, executable, timings)
