@@ -1,4 +1,4 @@
-"""The `ellm` command line: compile, run, inspect, tune, bench, demo, targets."""
+"""The `ellm` command line: compile, run, inspect, tune, bench, demo, targets, eval, synth."""
 
 from __future__ import annotations
 
@@ -195,7 +195,7 @@ def cmd_tune(a: argparse.Namespace) -> int:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from .bench.runner import BenchConfig, format_table, run_bench
+    from .bench.runner import BenchConfig, format_table, llama_configs, run_bench
     from .demo import cached_artifact
     from .models import resolve_model
     from .runtime.artifact import Artifact
@@ -210,9 +210,12 @@ def cmd_bench(a: argparse.Namespace) -> int:
     vs = a.vs.lower() if a.vs else None
     if vs not in (None, "llama.cpp"):
         raise EllmError(f"--vs supports llama.cpp, not {a.vs!r}")
+    split = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
+    flash = [{"on": True, "off": False}[f] if f in ("on", "off") else _bad_flash(f) for f in split(a.llama_fa)]
+    llama = llama_configs(split(a.llama_build), split(a.llama_kv), flash) if vs else ()
     cfg = BenchConfig(
         artifact=artifact, model=model, ctxs=tuple(int(c) for c in a.ctx.split(",")), gen=a.gen, warmup=a.warmup,
-        repeat=a.repeat, rounds=a.rounds, threads=a.threads or (os.cpu_count() or 1), vs_llama_cpp=vs is not None,
+        repeat=a.repeat, rounds=a.rounds, threads=a.threads or (os.cpu_count() or 1), llama=llama, target=a.target,
         attention=attention_option(a), rope_scaling=rope_scaling_option(a),
     )
     report = run_bench(cfg, log=log)
@@ -223,6 +226,10 @@ def cmd_bench(a: argparse.Namespace) -> int:
         log(f"wrote {a.plot}")
     print(json.dumps(report, indent=1) if a.json else format_table(report))
     return 0
+
+
+def _bad_flash(f: str):
+    raise EllmError(f"--llama-fa takes on, off or both (on,off), not {f!r}")
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
@@ -343,7 +350,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeat", type=_positive_int, default=3)
     b.add_argument("--rounds", type=_positive_int, default=2, help="alternating rounds of the systems")
     b.add_argument("--threads", type=_positive_int, default=None)
-    b.add_argument("--vs", metavar="llama.cpp", help="also run llama.cpp on the same GGUF (installed on demand)")
+    b.add_argument("--vs", metavar="llama.cpp", help="also run llama.cpp on the same GGUF (built on demand)")
+    b.add_argument("--target", help="eLLM: run this target of the artifact (default: the best this CPU runs)")
+    b.add_argument("--llama-build", default="native",
+                   help="llama.cpp builds, comma-separated: native (GGML_NATIVE), avx2 (AVX-512 off) (default native)")
+    b.add_argument("--llama-kv", default="f16", help="llama.cpp KV cache types, comma-separated: f16, q8_0 (default f16)")
+    b.add_argument("--llama-fa", default="on", help="llama.cpp flash attention: on, off or on,off (default on)")
     b.add_argument("--json", action="store_true")
     b.add_argument("--plot", metavar="FILE.png", help="draw decode tokens/s against context length")
     add_rope_scaling_args(b)
@@ -357,9 +369,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     from .eval.cli import add_parser as add_eval_parser, cmd_eval
+    from .synth.cli import add_parser as add_synth_parser
 
     add_eval_parser(sub)
     sub.choices["eval"].set_defaults(func=cmd_eval)
+    add_synth_parser(sub)
     return p
 
 

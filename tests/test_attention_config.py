@@ -45,9 +45,10 @@ def test_blocks_read_matches_the_selection(cfg):
 
 
 def test_bytes_per_token_of_a_sparse_step():
-    manifest = {"decode_weight_bytes": 10**8, "kv_cache": PLAN.to_dict(),
+    manifest = {"targets": [{"decode_weight_bytes": 10**8}], "kv_cache": PLAN.to_dict(),
                 "config": {"n_layers": 30, "n_kv_heads": 3, "head_dim": 64}}
     dense_f16 = decode_bytes_per_token(manifest, 8000, 64)
+    assert decode_bytes_per_token(manifest, 8000, 64, kv_bytes_per_value=34 / 32) == 10**8 + int(23040 * 8032 * 17 / 32)
     sparse = decode_bytes_per_token(manifest, 8000, 64, AttentionConfig())
     assert dense_f16 == 10**8 + 23040 * 8032
     # (1 sink + 22 selected) blocks + the window's 512..575 keys, at the plan's bytes, + 2 * 64 f16 per candidate

@@ -2,9 +2,12 @@
 
 For each context length, alternate the systems for `rounds` rounds, each run in a fresh process and
 preceded by a fresh measurement of the read bandwidth (this machine's bandwidth drifts by tens of
-percent within minutes). Decode rates exclude warm-up steps; the report gives the median and the
-spread over all repeats, bytes read per decoded token, achieved GB/s, and the % of the bandwidth
-measured just before each run (median over runs).
+percent within minutes). The systems are eLLM (one target of its artifact) and any llama.cpp
+configurations asked for: a build per ISA class (bench/llama_cpp.py), a KV cache type, flash attention
+on or off. Decode rates exclude warm-up steps; the report gives the median and the spread over all
+repeats, bytes read per decoded token, achieved GB/s, the % of the bandwidth measured just before each
+run (median over runs), the ISA path each system ran, and eLLM against the best llama.cpp configuration
+of each build.
 """
 
 from __future__ import annotations
@@ -23,6 +26,30 @@ from ..kv.attention import AttentionConfig
 
 
 @dataclass(frozen=True)
+class LlamaConfig:
+    """One llama.cpp configuration: its build (bench/llama_cpp.py), KV cache type and flash attention."""
+
+    build: str = "native"
+    kv_type: str = "f16"
+    flash_attn: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kv_type not in ("f16", "q8_0"):
+            raise EllmError(f"llama.cpp KV type must be f16 or q8_0, got {self.kv_type!r}")
+        if self.kv_type != "f16" and not self.flash_attn:
+            raise EllmError("llama.cpp needs flash attention for a quantised V cache")
+
+    @property
+    def name(self) -> str:
+        return f"llama.cpp/{self.build}/{self.kv_type}/{'fa' if self.flash_attn else 'nofa'}"
+
+
+def llama_configs(builds, kv_types, flash) -> tuple[LlamaConfig, ...]:
+    """Every valid combination (a quantised cache only with flash attention)."""
+    return tuple(LlamaConfig(b, k, f) for b in builds for k in kv_types for f in flash if k == "f16" or f)
+
+
+@dataclass(frozen=True)
 class BenchConfig:
     artifact: Path
     model: Path
@@ -32,119 +59,105 @@ class BenchConfig:
     repeat: int = 3
     rounds: int = 2
     threads: int = os.cpu_count() or 1
-    vs_llama_cpp: bool = False
+    llama: tuple[LlamaConfig, ...] = ()  # llama.cpp configurations to compare against (none: eLLM alone)
+    target: str | None = None  # eLLM: this target of the artifact (default: the best this CPU runs)
     attention: AttentionConfig = AttentionConfig()
     rope_scaling: tuple[str, float] | None = None  # (kind, factor), for contexts past the trained one
 
 
-def ensure_llama_cpp(log: Callable[[str], None]) -> None:
-    """Import llama_cpp, installing the optional peer on demand (it builds llama.cpp: about 5 minutes)."""
-    try:
-        import llama_cpp  # noqa: F401
-
-        return
-    except ImportError:
-        pass
-    log("llama-cpp-python is not installed; installing it now (builds llama.cpp from source, ~5 minutes) ...")
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "llama-cpp-python"], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise EllmError(f"could not install llama-cpp-python: {proc.stderr.strip().splitlines()[-1] if proc.stderr else ''}")
-
-
-def _worker(system: str, cfg: BenchConfig, ctx: int) -> dict:
-    cmd = [sys.executable, "-m", "ellm.bench.worker", system, "--threads", str(cfg.threads)]
-    if system != "bandwidth":
+def _worker(system: str, cfg: BenchConfig, ctx: int, llama: LlamaConfig | None = None, llama_path: Path | None = None) -> dict:
+    kind = "llama.cpp" if llama is not None else system
+    cmd = [sys.executable, "-m", "ellm.bench.worker", kind, "--threads", str(cfg.threads)]
+    if kind != "bandwidth":
         cmd += ["--model", str(cfg.model), "--ctx", str(ctx), "--gen", str(cfg.gen), "--warmup", str(cfg.warmup),
                 "--repeat", str(cfg.repeat)]
-    if system != "bandwidth" and cfg.rope_scaling is not None:
-        cmd += ["--rope-scaling", cfg.rope_scaling[0], "--rope-scale", repr(cfg.rope_scaling[1])]
-    if system == "ellm":
+        if cfg.rope_scaling is not None:
+            cmd += ["--rope-scaling", cfg.rope_scaling[0], "--rope-scale", repr(cfg.rope_scaling[1])]
+    if kind == "ellm":
         from ..cli import attention_argv
 
         cmd += ["--artifact", str(cfg.artifact), *attention_argv(cfg.attention)]
+        if cfg.target:
+            cmd += ["--target", cfg.target]
+    if llama is not None:
+        cmd += ["--llama-path", str(llama_path), "--kv-type", llama.kv_type] + ([] if llama.flash_attn else ["--no-flash-attn"])
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise EllmError(f"{system} benchmark at context {ctx} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
     return json.loads(proc.stdout)
 
 
-def decode_bytes_per_token(manifest: dict, ctx: int, gen: int, attention: AttentionConfig | None = None) -> int:
+def decode_bytes_per_token(manifest: dict, ctx: int, gen: int, attention: AttentionConfig | None = None,
+                           kv_bytes_per_value: float = 2.0) -> int:
     """Weights read by one decode step plus the KV it attends over, at the mean context of the timed steps:
     with `attention`, the keys and values the artifact's plan stores for the blocks it reads and the key
-    summaries it ranks; without, llama.cpp's F16 cache over the whole context."""
+    summaries it ranks; without, llama.cpp's cache (`kv_bytes_per_value`: 2 for f16, 34/32 for q8_0) over the
+    whole context."""
     from ..kv.plan import KVPlan
 
     weights = manifest["targets"][0]["decode_weight_bytes"]
     n_ctx = int(ctx + gen / 2)
     if attention is None:
-        return int(weights + f16_kv_bytes_per_token(manifest) * n_ctx)
+        cfg = manifest["config"]
+        per_token = 2 * cfg["n_layers"] * cfg["n_kv_heads"] * cfg["head_dim"] * kv_bytes_per_value
+        return int(weights + per_token * n_ctx)
     plan = KVPlan.from_dict(manifest["kv_cache"])
     keys, candidates = attention.blocks_read(n_ctx, plan.block, plan.recent)
     summary = 2 * plan.head_dim * 2 * plan.n_kv_heads * plan.n_layers  # (min, scale) or (min, max), f16
     return int(weights + plan.bytes_per_token() * keys + summary * candidates)
 
 
-def f16_kv_bytes_per_token(manifest: dict) -> int:
-    """llama.cpp's F16 cache: K and V of every layer and KV head."""
-    cfg = manifest["config"]
-    return 2 * cfg["n_layers"] * cfg["n_kv_heads"] * cfg["head_dim"] * 2
+def _row(system: str, ctx: int, runs: list[dict], nbytes: int) -> dict:
+    rates = [x for run in runs for x in run["decode_tok_s"]]
+    med = statistics.median(rates)
+    prefill = [ctx / run["prefill_s"] for run in runs]
+    bws = [run["bandwidth_gb_s"] for run in runs]
+    pcts = [100 * statistics.median(run["decode_tok_s"]) * nbytes / 1e9 / run["bandwidth_gb_s"] for run in runs]
+    return {
+        "system": system,
+        "isa": runs[0].get("isa"),
+        "target": runs[0].get("target"),
+        "ctx": ctx,
+        "decode_tok_s": med,
+        "decode_tok_s_min": min(rates),
+        "decode_tok_s_max": max(rates),
+        "prefill_tok_s": statistics.median(prefill),
+        "prefill_tok_s_min": min(prefill),
+        "prefill_tok_s_max": max(prefill),
+        "bytes_per_token": nbytes,
+        "achieved_gb_s": med * nbytes / 1e9,
+        "bandwidth_gb_s": statistics.median(bws),
+        "bandwidth_gb_s_per_run": bws,
+        "pct_of_bandwidth": statistics.median(pcts),
+        "bound_tok_s": statistics.median(bws) * 1e9 / nbytes,
+    }
 
 
 def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> dict:
     from ..kv.plan import KVPlan
     from ..runtime.artifact import Artifact
+    from .llama_cpp import ensure_build, get_build
 
-    manifest = Artifact.open(cfg.artifact).manifest
-    systems = ["ellm"] + (["llama.cpp"] if cfg.vs_llama_cpp else [])
-    if cfg.vs_llama_cpp:
-        ensure_llama_cpp(log)
+    manifest = Artifact.open(cfg.artifact, target=cfg.target).manifest
+    paths = {b: ensure_build(get_build(b), log) for b in sorted({c.build for c in cfg.llama})}
+    systems: list[tuple[str, LlamaConfig | None]] = [("ellm", None)] + [(c.name, c) for c in cfg.llama]
     rows = []
     for ctx in cfg.ctxs:
-        # what each system's decode step must read: eLLM's cache per its plan, llama.cpp's in F16
-        nbytes_of = {"ellm": decode_bytes_per_token(manifest, ctx, cfg.gen, cfg.attention),
-                     "llama.cpp": decode_bytes_per_token(manifest, ctx, cfg.gen)}
-        runs: dict[str, list[dict]] = {s: [] for s in systems}
+        nbytes_of = {name: decode_bytes_per_token(manifest, ctx, cfg.gen, cfg.attention) if c is None else
+                     decode_bytes_per_token(manifest, ctx, cfg.gen, kv_bytes_per_value=2.0 if c.kv_type == "f16" else 34 / 32)
+                     for name, c in systems}
+        runs: dict[str, list[dict]] = {name: [] for name, _ in systems}
         for r in range(cfg.rounds):
-            for s in systems:  # alternate A, B, A, B: both see the same drift of a shared machine
+            for name, c in systems:  # alternate A, B, A, B: all see the same drift of a shared machine
                 bw = _worker("bandwidth", cfg, ctx)["gb_s"]
-                run = _worker(s, cfg, ctx)
+                run = _worker(name, cfg, ctx, c, paths.get(c.build) if c else None)
                 run["bandwidth_gb_s"] = bw
-                runs[s].append(run)
+                runs[name].append(run)
                 rate = statistics.median(run["decode_tok_s"])
-                nbytes = nbytes_of[s]
-                log(f"context {ctx} round {r + 1} {s:9s} decode {rate:7.1f} tok/s, bandwidth {bw:5.1f} GB/s "
-                    f"({100 * rate * nbytes / 1e9 / bw:.0f}%)")
-        for s in systems:
-            nbytes = nbytes_of[s]
-            rates = [x for run in runs[s] for x in run["decode_tok_s"]]
-            med = statistics.median(rates)
-            prefill = [ctx / run["prefill_s"] for run in runs[s]]
-            bws = [run["bandwidth_gb_s"] for run in runs[s]]
-            pcts = [100 * statistics.median(run["decode_tok_s"]) * nbytes / 1e9 / run["bandwidth_gb_s"] for run in runs[s]]
-            rows.append(
-                {
-                    "system": s,
-                    "ctx": ctx,
-                    "decode_tok_s": med,
-                    "decode_tok_s_min": min(rates),
-                    "decode_tok_s_max": max(rates),
-                    "prefill_tok_s": statistics.median(prefill),
-                    "prefill_tok_s_min": min(prefill),
-                    "prefill_tok_s_max": max(prefill),
-                    "bytes_per_token": nbytes,
-                    "achieved_gb_s": med * nbytes / 1e9,
-                    "bandwidth_gb_s": statistics.median(bws),
-                    "bandwidth_gb_s_per_run": bws,
-                    "pct_of_bandwidth": statistics.median(pcts),
-                    "bound_tok_s": statistics.median(bws) * 1e9 / nbytes,
-                }
-            )
-    ratios = []
-    if cfg.vs_llama_cpp:
-        for ctx in cfg.ctxs:
-            e, l = (next(r for r in rows if r["ctx"] == ctx and r["system"] == s) for s in ("ellm", "llama.cpp"))
-            ratios.append({"ctx": ctx, "decode_ratio": e["decode_tok_s"] / l["decode_tok_s"],
-                           "prefill_ratio": e["prefill_tok_s"] / l["prefill_tok_s"]})
+                log(f"context {ctx} round {r + 1} {name:26s} [{run.get('isa')}] decode {rate:7.1f} tok/s, prefill "
+                    f"{ctx / run['prefill_s']:7.1f} tok/s, bandwidth {bw:5.1f} GB/s "
+                    f"({100 * rate * nbytes_of[name] / 1e9 / bw:.0f}%)")
+        rows += [_row(name, ctx, runs[name], nbytes_of[name]) for name, _ in systems]
     return {
         "artifact": str(cfg.artifact),
         "model": cfg.model.name,
@@ -157,9 +170,26 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> 
         "kv_plan": {"k": manifest["kv_cache"]["k"], "v": manifest["kv_cache"]["v"], "block": manifest["kv_cache"]["block"]},
         "attention": cfg.attention.describe(),
         "rope_scaling": list(cfg.rope_scaling) if cfg.rope_scaling else None,
+        "llama_cpp": [c.name for c in cfg.llama],
         "rows": rows,
-        "ratios": ratios,
+        "ratios": ratios(rows, cfg.ctxs, cfg.llama),
     }
+
+
+def ratios(rows: list[dict], ctxs, llama: tuple[LlamaConfig, ...]) -> list[dict]:
+    """eLLM against the fastest llama.cpp configuration of each build, per context (decode and prefill each
+    against their own best)."""
+    out = []
+    for ctx in ctxs:
+        e = next(r for r in rows if r["ctx"] == ctx and r["system"] == "ellm")
+        for build in sorted({c.build for c in llama}):
+            peers = [r for r in rows if r["ctx"] == ctx and r["system"] in {c.name for c in llama if c.build == build}]
+            dec = max(peers, key=lambda r: r["decode_tok_s"])
+            pre = max(peers, key=lambda r: r["prefill_tok_s"])
+            out.append({"ctx": ctx, "build": build, "isa": dec["isa"], "ellm_isa": e["isa"],
+                        "decode_ratio": e["decode_tok_s"] / dec["decode_tok_s"], "decode_vs": dec["system"],
+                        "prefill_ratio": e["prefill_tok_s"] / pre["prefill_tok_s"], "prefill_vs": pre["system"]})
+    return out
 
 
 def format_table(report: dict) -> str:
@@ -167,16 +197,18 @@ def format_table(report: dict) -> str:
         f"{report['model']}, {report['threads']} threads, eLLM: {report['attention']}, {report['kv_cache']}; "
         f"decode {report['gen']} tokens "
         f"x {report['repeat']} repeats x {report['rounds']} rounds (median [min-max])",
-        f"{'ctx':>6} {'system':10} {'prefill tok/s':>14} {'decode tok/s':>22} {'MB/token':>9} {'GB/s':>6} "
+        f"{'ctx':>6} {'system':26} {'ISA':13} {'prefill tok/s':>14} {'decode tok/s':>22} {'MB/token':>9} {'GB/s':>6} "
         f"{'% of BW':>8} {'BW GB/s':>8}",
     ]
     for r in report["rows"]:
         lines.append(
-            f"{r['ctx']:>6} {r['system']:10} {r['prefill_tok_s']:>14.1f} "
-            f"{r['decode_tok_s']:>8.1f} [{r['decode_tok_s_min']:.1f}-{r['decode_tok_s_max']:.1f}]".ljust(61)
+            f"{r['ctx']:>6} {r['system']:26} {str(r['isa']):13} {r['prefill_tok_s']:>14.1f} "
+            f"{r['decode_tok_s']:>8.1f} [{r['decode_tok_s_min']:.1f}-{r['decode_tok_s_max']:.1f}]".ljust(88)
             + f" {r['bytes_per_token'] / 1e6:>9.1f} {r['achieved_gb_s']:>6.1f} {r['pct_of_bandwidth']:>7.1f}% "
             f"{r['bandwidth_gb_s']:>8.1f}"
         )
     for q in report["ratios"]:
-        lines.append(f"ctx {q['ctx']}: eLLM / llama.cpp = {q['decode_ratio']:.2f}x decode, {q['prefill_ratio']:.2f}x prefill")
+        lines.append(f"ctx {q['ctx']}: eLLM ({q['ellm_isa']}) / llama.cpp {q['build']} ({q['isa']}) = "
+                     f"{q['decode_ratio']:.2f}x decode (vs {q['decode_vs']}), {q['prefill_ratio']:.2f}x prefill "
+                     f"(vs {q['prefill_vs']})")
     return "\n".join(lines)

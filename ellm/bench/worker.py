@@ -1,10 +1,11 @@
 """One benchmark measurement in its own process (so no two thread pools ever compete for the cores).
 
-    python -m ellm.bench.worker ellm|llama.cpp --model M [--artifact DIR] --ctx N --gen G --warmup W --repeat R --threads T
+    python -m ellm.bench.worker ellm --model M --artifact DIR [--target T] --ctx N --gen G --warmup W --repeat R --threads T
+    python -m ellm.bench.worker llama.cpp --model M --llama-path DIR [--kv-type f16|q8_0] [--no-flash-attn] --ctx N ...
     python -m ellm.bench.worker bandwidth --threads T
 
-Prints one JSON object: prefill seconds for `ctx` prompt tokens, and decode tokens/s per repeat
-(each repeat truncates back to `ctx`, runs `warmup` untimed steps, then `gen` timed steps).
+Prints one JSON object: prefill seconds for `ctx` prompt tokens, decode tokens/s per repeat (each repeat
+truncates back to `ctx`, runs `warmup` untimed steps, then `gen` timed steps), and the ISA path that ran.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def run_ellm(a) -> dict:
 
     from ellm.cli import attention_option, rope_scaling_option
 
-    eng = ellm.load(a.artifact, threads=a.threads, ctx_size=a.ctx + a.gen + a.warmup + 16,
+    eng = ellm.load(a.artifact, threads=a.threads, ctx_size=a.ctx + a.gen + a.warmup + 16, target=a.target,
                     rope_scaling=rope_scaling_option(a), attention=attention_option(a))
     ids = real_tokens(eng.tokenizer.encode, a.ctx)
     eng.prefill(ids[: min(256, a.ctx)])  # warm-up: page in weights and code
@@ -54,12 +55,18 @@ def run_ellm(a) -> dict:
         for _ in range(a.gen):
             tok = int(np.argmax(eng.decode(tok)))
         rates.append(a.gen / (time.perf_counter() - t))
-    return {"prefill_s": prefill_s, "decode_tok_s": rates}
+    return {"prefill_s": prefill_s, "decode_tok_s": rates, "target": eng.target, "isa": eng.artifact.target["isa"]}
 
 
 def run_llama_cpp(a) -> dict:
     import numpy as np
+
+    if a.llama_path:  # a build in eLLM's cache (bench/llama_cpp.py), before any installed one
+        sys.path.insert(0, a.llama_path)
+    import llama_cpp
     from llama_cpp import Llama
+
+    from ellm.bench.llama_cpp import isa_of
 
     from ellm.compiler.gguf_file import GGUFFile
     from ellm.runtime.tokenizer import Tokenizer
@@ -72,9 +79,10 @@ def run_llama_cpp(a) -> dict:
 
         kind = llama_cpp.LLAMA_ROPE_SCALING_TYPE_YARN if a.rope_scaling == "yarn" else llama_cpp.LLAMA_ROPE_SCALING_TYPE_LINEAR
         rope = {"rope_scaling_type": kind, "rope_freq_scale": 1.0 / a.rope_scale}
+    kv = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}[a.kv_type]
     llm = Llama(
         a.model, n_ctx=n_ctx, n_threads=a.threads, n_threads_batch=a.threads, n_batch=512,
-        flash_attn=a.flash_attn, verbose=False, **rope,
+        flash_attn=a.flash_attn, type_k=kv, type_v=kv, verbose=False, **rope,
     )
     n_vocab = llm.n_vocab()
 
@@ -100,7 +108,9 @@ def run_llama_cpp(a) -> dict:
             llm.eval([t_])
             t_ = argmax_last()
         rates.append(a.gen / (time.perf_counter() - t))
-    return {"prefill_s": prefill_s, "decode_tok_s": rates}
+    info = llama_cpp.llama_print_system_info().decode()
+    return {"prefill_s": prefill_s, "decode_tok_s": rates, "isa": isa_of(info), "system_info": info.strip(),
+            "llama_cpp_python": llama_cpp.__version__}
 
 
 def run_bandwidth(a) -> dict:
@@ -120,6 +130,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--target", help="eLLM: run this target of the artifact")
+    ap.add_argument("--llama-path", help="llama.cpp: directory of the llama_cpp build to import")
+    ap.add_argument("--kv-type", choices=["f16", "q8_0"], default="f16", help="llama.cpp: KV cache type")
     ap.add_argument("--no-flash-attn", dest="flash_attn", action="store_false")
     from ellm.cli import add_attention_args, add_rope_scaling_args
 
