@@ -1,11 +1,12 @@
-"""Kernel micro-benchmarks: each decode-step kernel's time and GB/s against the measured read bandwidth.
+"""Kernel micro-benchmarks: each kernel of a decode step (or of a prefill chunk) alone, against the measured read
+bandwidth (decode) or as multiply-accumulates per second (prefill).
 
-    python bench/kernels.py [--model GGUF] [--ctx 512] [--threads N] [--target PRESET] [--json FILE]
+    python bench/kernels.py [--model GGUF] [--ctx 512] [--tokens T] [--threads N] [--target PRESET] [--json FILE]
 
-Every kernel of the one-token (decode) entry is compiled alone and called with its real shapes. Weights
-rotate through copies totalling more than the last-level cache, as in a decode step, where each
-layer's weights come from DRAM. The KV cache has `ctx` tokens. Times include the Python call
-(~1 us). The table ends with the sum over one decode step (calls x time) next to the measured step.
+Every kernel of the one-token entry (or, with --tokens, of the prefill entry at T tokens) is compiled alone
+and called with its real shapes. Weights rotate through copies totalling twice the last-level cache, as in
+a step, where each layer's weights come from DRAM. The KV cache has `ctx` tokens. Times include the Python
+call (~1 us). The table ends with the sum over one step (calls x time).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model")
     ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--tokens", type=int, default=0, help="profile the prefill entry at this many tokens (default: decode)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--target", default="auto", help="a target preset (default: this host's)")
     ap.add_argument("--json")
@@ -40,67 +42,102 @@ def main() -> None:
     from ellm.models import resolve_model
     from ellm.runtime.engine import set_threads
     from ellm.schedules.inject_prefetch import inject_prefetch
-    from ellm.targets import resolve_target
+    from ellm.targets import detect_host, resolve_target
 
     preset = resolve_target(a.target)
     gf = GGUFFile(resolve_model(a.model))
     cfg = ModelConfig.from_gguf(gf)
     _, g = build_graph(gf, cfg, CompileOptions(), preset)
     lowered = lower(g, preset)
-    lowered_plan = KVPlan.from_key(g.op("kv_cache").attr("kv_plan"))
-    decode = [k for k in lowered.kernels if k.req.m == 1]
+    plan = KVPlan.from_key(g.op("kv_cache").attr("kv_plan"))
+    prefill = a.tokens > 0
+    # decode: the m=1 kernels; prefill: the symbolic-token kernels (and the head on the last row)
+    head = lambda k: k.req.kind.value == "lm_head"  # noqa: E731
+    if prefill:  # the chunk's kernels; its head projects the last row only
+        step = [k for k in lowered.kernels if (k.req.m is None and not head(k)) or k.req.attr("last_row")]
+    else:
+        step = [k for k in lowered.kernels if k.req.m == 1 and not k.req.attr("last_row")]
     calls = Counter()
     for _, op in g.nodes():
-        for k in decode:
-            if k.req.kind is op.kind and _same_shape(k.req, op):
+        for k in step:
+            if k.req.kind is op.kind and _same_shape(k.req, op) and _same_attrs(k.req, op):
                 calls[k.name] += 1
                 break
     bw = measure_read_bandwidth(a.threads)
+    llc = max(detect_host().caches.get("L3", 0), 32 << 20)
     set_threads(a.threads)
-    wl = Workload(tokens=1, ctx=a.ctx)
+    wl = Workload(tokens=max(1, a.tokens), ctx=a.ctx)
     rows = []
-    for k in decode:
+    for k in step:
         func = inject_prefetch(lower_rule_build(k, preset)).with_attr("global_symbol", "kernel")
         ex = tvm.compile(func, target=preset.tvm_target())
         args = _inputs(func, k.req, wl, np.random.default_rng(0))
         names = _param_names(func)
         nbytes = sum(x.numpy().nbytes for n, x in zip(names, args) if n.startswith(WEIGHTS))
-        # rotate copies of the weights so the working set exceeds the last-level cache
-        copies = max(1, int(64e6 // nbytes)) if nbytes else 1
-        sets = [_copy_weights(func, args) for _ in range(copies)] if nbytes else [args]
-        if "layer" in names:  # the KV cache holds every layer: step through them, as decode does
+        # rotate copies of the weights so the working set is twice the last-level cache
+        copies = max(1, int(2 * llc // nbytes)) if nbytes and not prefill else 1
+        sets = [_copy_weights(func, args) for _ in range(copies)] if copies > 1 else [args]
+        if "layer" in names:  # the KV cache holds every layer: step through them, as a step does
             li = names.index("layer")
             sets = [s[:li] + [i % cfg.n_layers] + s[li + 1 :] for i, s in enumerate(sets * cfg.n_layers)]
-        f = ex["kernel"]
-        for s in sets:
-            f(*s)
-        reps = max(3, 300 // len(sets))
-        times = []
-        for _ in range(3):
-            t = time.perf_counter()
-            for _ in range(reps // 3):
-                for s in sets:
-                    f(*s)
-            times.append((time.perf_counter() - t) / (reps // 3 * len(sets)))
-        sec = statistics.median(times)
-        if k.req.kind.value == "attention":  # K and V of one layer up to ctx, at the plan's precision
-            nbytes = int(lowered_plan.bytes_per_token() / cfg.n_layers * a.ctx)
-        elif k.req.kind.value == "embedding":
-            nbytes = nbytes // k.req.weight_shape[0]  # one row
-        rows.append({"kernel": k.name, "rule": k.rule, "calls_per_step": calls[k.name], "us": sec * 1e6,
-                     "bytes": nbytes, "gb_s": nbytes / sec / 1e9, "pct_bw": 100 * nbytes / sec / 1e9 / bw.gb_s_median})
+        sec = _time(ex["kernel"], sets, prefill)
+        row = {"kernel": k.name, "rule": k.rule, "calls_per_step": calls[k.name], "us": sec * 1e6}
+        if prefill:
+            macs = _macs(k.req, a.tokens)
+            row.update(gmac_s=macs / sec / 1e9 if macs else None)
+        else:
+            if k.req.kind.value == "attention":  # K and V of one layer up to ctx, at the plan's precision
+                nbytes = int(plan.bytes_per_token() / cfg.n_layers * a.ctx)
+            elif k.req.kind.value == "embedding":
+                nbytes = nbytes // k.req.weight_shape[0]  # one row
+            row.update(bytes=nbytes, gb_s=nbytes / sec / 1e9, pct_bw=100 * nbytes / sec / 1e9 / bw.gb_s_median)
+        rows.append(row)
     step_us = sum(r["us"] * r["calls_per_step"] for r in rows)
-    report = {"bandwidth_gb_s": bw.gb_s_median, "threads": a.threads, "ctx": a.ctx, "target": preset.name, "kernels": rows,
-              "sum_over_decode_step_us": step_us}
-    print(f"read bandwidth {bw.gb_s_median:.1f} GB/s, {a.threads} threads, KV context {a.ctx}, target {preset.name}")
-    print(f"{'kernel':44s} {'rule':18s} {'calls':>5s} {'us/call':>8s} {'MB':>7s} {'GB/s':>6s} {'%BW':>5s}")
-    for r in rows:
-        print(f"{r['kernel']:44s} {r['rule']:18s} {r['calls_per_step']:5d} {r['us']:8.1f} {r['bytes'] / 1e6:7.2f} "
-              f"{r['gb_s']:6.1f} {r['pct_bw']:5.0f}")
-    print(f"sum over one decode step: {step_us / 1e3:.2f} ms ({1e6 / step_us:.0f} tokens/s if nothing else took time)")
+    report = {"bandwidth_gb_s": bw.gb_s_median, "threads": a.threads, "ctx": a.ctx, "tokens": a.tokens,
+              "target": preset.name, "kernels": rows, "sum_over_step_us": step_us}
+    what = f"prefill chunk of {a.tokens} tokens" if prefill else "decode step"
+    print(f"read bandwidth {bw.gb_s_median:.1f} GB/s, {a.threads} threads, KV context {a.ctx}, target {preset.name}, {what}")
+    if prefill:
+        print(f"{'kernel':44s} {'rule':18s} {'calls':>5s} {'us/call':>9s} {'GMAC/s':>7s} {'% step':>7s}")
+        for r in rows:
+            gm = f"{r['gmac_s']:7.1f}" if r["gmac_s"] else "      -"
+            print(f"{r['kernel']:44s} {r['rule']:18s} {r['calls_per_step']:5d} {r['us']:9.1f} {gm} "
+                  f"{100 * r['us'] * r['calls_per_step'] / step_us:6.1f}%")
+        print(f"sum over one chunk: {step_us / 1e3:.2f} ms ({a.tokens * 1e6 / step_us:.0f} tokens/s if nothing else took time)")
+    else:
+        print(f"{'kernel':44s} {'rule':18s} {'calls':>5s} {'us/call':>8s} {'MB':>7s} {'GB/s':>6s} {'%BW':>5s} {'% step':>7s}")
+        for r in rows:
+            print(f"{r['kernel']:44s} {r['rule']:18s} {r['calls_per_step']:5d} {r['us']:8.1f} {r['bytes'] / 1e6:7.2f} "
+                  f"{r['gb_s']:6.1f} {r['pct_bw']:5.0f} {100 * r['us'] * r['calls_per_step'] / step_us:6.1f}%")
+        print(f"sum over one decode step: {step_us / 1e3:.2f} ms ({1e6 / step_us:.0f} tokens/s if nothing else took time)")
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(report, fh, indent=1)
+
+
+def _time(f, sets, prefill: bool) -> float:
+    """Median seconds per call over three timed passes, after one untimed pass."""
+    for s in sets:
+        f(*s)
+    reps = 3 if prefill else max(3, 300 // len(sets))
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        for _ in range(reps // 3):
+            for s in sets:
+                f(*s)
+        times.append((time.perf_counter() - t) / (reps // 3 * len(sets)))
+    return statistics.median(times)
+
+
+def _macs(req, tokens: int) -> int:
+    """Multiply-accumulates of a matmul-like kernel over `tokens` rows (its weights' rows x columns per row)."""
+    if req.weight_shape is None:
+        return 0
+    rows = 1 if req.attr("last_row") else tokens
+    n, k = req.weight_shape
+    total = n * k + sum(r * c for _, r, c, _ in req.more_weights)
+    return rows * total
 
 
 def lower_rule_build(k, preset):
@@ -111,7 +148,14 @@ def lower_rule_build(k, preset):
 
 def _same_shape(req, op) -> bool:
     w = op.weight
-    return (w is None and req.weight_shape is None) or (w is not None and req.weight_shape == (w.rows, w.cols))
+    if w is None:
+        return req.weight_shape is None
+    return req.weight_shape == (w.rows, w.cols) and req.qtype is w.qtype
+
+
+def _same_attrs(req, op) -> bool:
+    """The op's attributes as the kernel request carries them (per-layer KV classes, residual, ...)."""
+    return all(req.attr(k) == v for k, v in op.attrs)
 
 
 def _param_names(func):

@@ -2,8 +2,8 @@
 eLLM's cache (each builds llama.cpp from source: about 5 minutes). Never required by eLLM itself.
 
 A build is compared against eLLM code of the same ISA class: `native` (GGML_NATIVE: everything this CPU has,
-AVX-512 and AMX included) against eLLM's native target, `avx2` (AVX2/FMA/F16C, AVX-512 off) against eLLM's
-x86-64-v3 target.
+AVX-512 and AMX included) or `avx512` (AVX-512 VNNI, no AMX) against eLLM's native target, `avx2`
+(AVX2/FMA/F16C, AVX-512 off) against eLLM's x86-64-v3 target.
 """
 
 from __future__ import annotations
@@ -34,6 +34,11 @@ BUILDS: dict[str, LlamaBuild] = {
     b.name: b
     for b in (
         LlamaBuild("native", "-DGGML_NATIVE=ON", "llama.cpp built for this CPU (GGML_NATIVE)"),
+        # AVX-512 VNNI without AMX: where the native build's AMX path does not run (on the Emerald Rapids VM of the
+        # README its ggml_backend_amx_mul_mat stops with SIGILL at the first tileloadd)
+        LlamaBuild("avx512", "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON "
+                   "-DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON",
+                   "llama.cpp built for AVX-512 VNNI (AMX off)"),
         LlamaBuild("avx2", "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF",
                    "llama.cpp built for AVX2 (AVX-512 off)"),
     )
@@ -62,13 +67,14 @@ def ensure_build(build: LlamaBuild, log: Callable[[str], None] = lambda s: None)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
     env = {**os.environ, "CMAKE_ARGS": build.cmake_args}
-    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-cache-dir", "--target", str(tmp),
-           f"llama-cpp-python=={VERSION}"]
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-cache-dir", "--target", str(tmp)]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["?"])[-1]
-            raise EllmError(f"could not build llama-cpp-python ({build.name}): {last}")
+        # its dependencies but diskcache (numpy, jinja2, typing-extensions) are eLLM's own
+        for what in (f"llama-cpp-python=={VERSION}", "diskcache"):
+            proc = subprocess.run([*pip, what], capture_output=True, text=True, env=env)
+            if proc.returncode != 0:
+                last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+                raise EllmError(f"could not install {what} ({build.name}): {last}")
         os.replace(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

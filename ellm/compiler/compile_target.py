@@ -35,15 +35,17 @@ class TargetOptions:
 
 
 def pass_context(options: TargetOptions, preset: TargetPreset) -> PassContext:
-    activations = options.activations
+    activations = chunks = options.activations
     if activations == "auto":
-        activations = "int16" if preset.isa is not None else "f32"
+        # one-token steps are bandwidth-bound: 16-bit activations cost nothing there; chunks are compute-bound:
+        # 8-bit ones (llama.cpp's choice, at a finer scale: per 32 inputs, not 256) halve their dot products
+        activations, chunks = ("int16", "int8") if preset.isa is not None else ("f32", "f32")
     elif activations != "f32" and preset.isa is None:
         raise EllmError(f"{activations} activations need integer dot products (AVX2 or later), which target {preset.name} lacks")
     assert activations in ACTIVATIONS
     kv = KVOptions(parse_kv_type(options.cache_type_k), parse_kv_type(options.cache_type_v), options.kv_block,
                    options.kv_recent, options.max_chunk)
-    return PassContext(preset, activations, kv)
+    return PassContext(preset, activations, chunks, kv)
 
 
 def build_graph(gf: GGUFFile, cfg: ModelConfig, options: TargetOptions, preset: TargetPreset) -> tuple[Graph, Graph]:
@@ -55,7 +57,7 @@ def build_graph(gf: GGUFFile, cfg: ModelConfig, options: TargetOptions, preset: 
 @dataclass
 class TargetBuild:
     preset: TargetPreset
-    activations: str
+    activations: dict[str, str]  # precision of one-token steps and of chunks
     graph0: Graph
     graph: Graph
     lowered: Lowered
@@ -79,7 +81,7 @@ class TargetBuild:
             "tvm": p.target_json(),
             "required_cpu_features": p.required_cpu_features,
             "kernels_file": self.kernels_file,
-            "activations": self.activations,
+            "activations": self.activations,  # {"steps": ..., "chunks": ...}
             "decode_weight_bytes": decode_weight_bytes(self.graph),
             "graph": {
                 "passes": enabled_passes(options.disable_passes, options.enable_passes),
@@ -107,4 +109,6 @@ def compile_target(graphs: tuple[Graph, Graph], options: TargetOptions, preset: 
     timings["tvm_compile"] = time.perf_counter() - t
     log(f"target {preset.name} ({preset.isa.label if preset.isa else 'float'}): "
         f"compiled {len(lowered.kernels)} kernels in {timings['tvm_compile']:.1f}s")
-    return TargetBuild(preset, pass_context(options, preset).activations, g0, g, lowered, executable, timings)
+    ctx = pass_context(options, preset)
+    activations = {"steps": ctx.activations, "chunks": ctx.chunk_activations}
+    return TargetBuild(preset, activations, g0, g, lowered, executable, timings)

@@ -129,6 +129,9 @@ class _Lowering:
     def request(self, op: Op, m: int | None, **extra_attrs) -> KernelRequest:
         attrs = dict(op.attrs)
         attrs.update(extra_attrs)
+        chunk_bits = attrs.pop("chunk_act_bits", None)
+        if chunk_bits is not None and m is None:  # a chunk of tokens: the chunks' activation precision
+            attrs["act_bits"] = chunk_bits
         w = op.weight
         if w is not None:
             attrs["layout"] = w.layout

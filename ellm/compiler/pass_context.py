@@ -26,14 +26,19 @@ class PassContext:
     """What passes may depend on besides the graph: the target, and the activation precision of matmuls."""
 
     target: TargetPreset
-    # Matmul activations: "int8" / "int16" quantised per 32 inputs for integer dot products
+    # Matmul activations of one-token steps: "int8" / "int16" quantised per 32 inputs for integer dot products
     # (int16 as two int8 halves: twice the dot products, near-float accuracy); "f32": float kernels.
     activations: str = "int16"
+    # ... and of multi-token chunks (prefill, verification), which are compute-bound where steps are not
+    chunk_activations: str = "int16"
     kv: KVOptions = field(default_factory=KVOptions)
 
     def __post_init__(self) -> None:
-        if self.activations not in ACTIVATIONS:
-            raise ValueError(f"activations must be one of {ACTIVATIONS}, got {self.activations!r}")
+        for a in (self.activations, self.chunk_activations):
+            if a not in ACTIVATIONS:
+                raise ValueError(f"activations must be one of {ACTIVATIONS}, got {a!r}")
+        if (self.activations == "f32") != (self.chunk_activations == "f32"):
+            raise ValueError("steps and chunks both use integer activations, or both float")
 
     @property
     def integer(self) -> bool:

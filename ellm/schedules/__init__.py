@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..errors import EllmError
-from ..targets import TargetPreset
+from ..targets import IsaClass, TargetPreset
 from .amx import AmxGemmRule
 from .attention import AttentionDecodeRule, AttentionPrefillRule
 from .attention_input import AttentionInputRule
@@ -13,26 +13,20 @@ from .gemm import GemmRule
 from .gemv import GemvRule
 from .rope import KvAppendRule, RopeKvAppendRule, RopeRule
 from .rule import KernelRequest, Knob, Rule
-from .int_matmul import (
-    Avx2GemmRule,
-    Avx2GemvRule,
-    AvxVnniGemmRule,
-    AvxVnniGemvRule,
-    VnniGemmRule,
-    VnniGemvRule,
-)
+from .int_matmul import IntGemmRule, IntGemvRule
 
 # First match wins: specialised rules before general ones.
 RULES: tuple[Rule, ...] = (
     AmxGemmRule(),  # AMX tiles (prefill)
     IntFfnRule(),
     AttentionInputRule(),
-    VnniGemvRule(),  # AVX-512 VNNI
-    VnniGemmRule(),
-    AvxVnniGemvRule(),  # AVX-VNNI
-    AvxVnniGemmRule(),
-    Avx2GemvRule(),  # AVX2
-    Avx2GemmRule(),
+    # the integer matmuls of each dot-product class, best first (a target gets its own class's)
+    IntGemvRule(IsaClass.AVX512_VNNI),
+    IntGemmRule(IsaClass.AVX512_VNNI),
+    IntGemvRule(IsaClass.AVX_VNNI),
+    IntGemmRule(IsaClass.AVX_VNNI),
+    IntGemvRule(IsaClass.AVX2),
+    IntGemmRule(IsaClass.AVX2),
     GemvRule(),
     GemmRule(),
     EmbeddingRule(),

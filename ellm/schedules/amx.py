@@ -26,7 +26,7 @@ from ..targets import IsaClass
 from .int_acts import I32, L, Acts, quantize_row
 from .int_acts import ramp as _ramp
 from .int_acts import splat as _splat
-from .int_kernel import group_size, micro_kernel, operands, scale_update, store_epilogue
+from .int_kernel import Rows, group_size, micro_kernel, operands, scale_update, store_epilogue
 from .int_matmul import int_matmul_applies
 from .intdot import Dot
 
@@ -139,7 +139,7 @@ def build_amx_matmul(req: KernelRequest, emulate: bool = False, tail: Dot = VNNI
             with I.parallel(0, NT) as tile:
                 bscr = I.alloc_buffer((K // 4 * 64,), "uint8")  # the row tile's weights, AMX B layout
                 with I.serial(0, K // G) as g:
-                    for op in operands(qtype, w, tile, g):
+                    for op in operands(qtype, w, Rows(tile), g):
                         row = (g * G + op.inputs) // 4
                         I.buffer_store(bscr, tirx.reinterpret("uint8x64", op.weights), [tirx.Ramp(row * 64, 1, 64)])
                 amx = _TileUnit(G, emulate)
@@ -163,7 +163,7 @@ def build_amx_matmul(req: KernelRequest, emulate: bool = False, tail: Dot = VNNI
                             if xl is not None:  # 16-bit activations: 256 * high + low
                                 acc = (acc << _splat(8, I32)) + cst[_ramp(TOK * L + i * L)]
                             sqi = sq[t, g * 2] + sq[t, g * 2 + 1] if G == 32 else sq[t, g]
-                            upd = scale_update(qtype, w, tile, g, acc, dx[t, g * G // 32], sqi)
+                            upd = scale_update(qtype, w, Rows(tile), g, acc, dx[t, g * G // 32], sqi)
                             I.buffer_store(facc, facc[_ramp(i * L)] + upd, [_ramp(i * L)])
                     for i in range(TOK):
                         cols = _ramp(tile * L)
@@ -175,7 +175,7 @@ def build_amx_matmul(req: KernelRequest, emulate: bool = False, tail: Dot = VNNI
                         I.buffer_store(out, v, [tb * TOK + i, cols])
                 amx.release()
                 with I.serial(n_tok // TOK * TOK, n_tok) as t:  # the last tokens: VNNI
-                    micro_kernel(tail, qtype, w, [tile], t, 1, K, acts, store_epilogue(out, res, bias))
+                    micro_kernel(tail, qtype, w, [Rows(tile)], t, 1, K, acts, store_epilogue(out, res, bias))
     return ib.get()
 
 

@@ -22,7 +22,7 @@ from .kv_blocks import KVBuffers
 from .rule import KernelRequest, Knob, Rule
 from .int_acts import L, Acts, quantize_row
 from .int_acts import ramp as _ramp
-from .int_kernel import QUANTIZED, for_token_tiles, micro_kernel
+from .int_kernel import QUANTIZED, for_token_tiles, micro_kernel, tile_rows
 from .intdot import Dot, dot_for
 
 SWAP = [i ^ 1 for i in range(L)]  # lane 2i <-> 2i + 1
@@ -48,7 +48,7 @@ def _rotate(vecs: list, tab, p, half: int, neox: bool, rope_dim: int) -> list:
     return out
 
 
-def build_attention_input(req: KernelRequest, dot: Dot, tokens_per_tile: int, prefetch_bytes: int):
+def build_attention_input(req: KernelRequest, dot: Dot, tokens_per_tile: int, prefetch_bytes: int, prefetch_nta: bool = True):
     plan, kt, vt = kv_plan_of(req)
     Hkv, hd = plan.n_kv_heads, plan.head_dim
     H = int(req.attr("n_heads"))
@@ -99,7 +99,7 @@ def build_attention_input(req: KernelRequest, dot: Dot, tokens_per_tile: int, pr
                                         with I.Else():
                                             kv.write_v(layer, head - H - Hkv, p, vecs)
 
-                    micro_kernel(dot, qtype, w, tiles, t0, tt, K, acts, None, prefetch_bytes, True, finish=finish)
+                    micro_kernel(dot, qtype, w, tile_rows(tiles), t0, tt, K, acts, None, prefetch_bytes, prefetch_nta, finish=finish)
 
                 for_token_tiles(req.m, n_tok, tokens_per_tile, project)
                 # blocks this step completed age out of the ring into their store (this head's task wrote them)
@@ -136,4 +136,5 @@ class AttentionInputRule(Rule):
         return knobs
 
     def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
-        return build_attention_input(req, dot_for(target), knobs["tokens_per_tile"], knobs["prefetch_bytes"])
+        return build_attention_input(req, dot_for(target), knobs["tokens_per_tile"], knobs["prefetch_bytes"],
+                                     target.prefetch_nta)

@@ -20,11 +20,12 @@ from ..targets import TargetPreset
 from .rule import KernelRequest, Knob, Rule
 from .vecmath import sigmoid_f32
 from .int_acts import L, Acts, quantize_group, quantize_row
-from .int_kernel import QUANTIZED, for_token_tiles, micro_kernel, store_epilogue
+from .int_kernel import QUANTIZED, for_token_tiles, micro_kernel, store_epilogue, tile_rows
 from .intdot import Dot, dot_for
 
 
-def build_int_ffn(req: KernelRequest, dot: Dot, tokens_per_tile: int, prefetch_bytes: int, down_tiles: int = 1):
+def build_int_ffn(req: KernelRequest, dot: Dot, tokens_per_tile: int, prefetch_bytes: int, down_tiles: int = 1,
+                  prefetch_nta: bool = True):
     gu_q = req.qtype
     F2, D = req.weight_shape  # gate and up rows stacked: [2 * d_ff, d_model]
     F = F2 // 2
@@ -56,7 +57,7 @@ def build_int_ffn(req: KernelRequest, dot: Dot, tokens_per_tile: int, prefetch_b
                             h = [I.Bind(g0 * sigmoid_f32(g0) * u0), I.Bind(g1 * sigmoid_f32(g1) * u1)]
                             quantize_group(h, t0 + i, c, ah)
 
-                    micro_kernel(dot, gu_q, gu, tiles, t0, tt, D, ax, None, prefetch_bytes, True, finish=finish)
+                    micro_kernel(dot, gu_q, gu, tile_rows(tiles), t0, tt, D, ax, None, prefetch_bytes, prefetch_nta, finish=finish)
 
                 for_token_tiles(req.m, n_tok, tokens_per_tile, gate_up)
 
@@ -66,7 +67,7 @@ def build_int_ffn(req: KernelRequest, dot: Dot, tokens_per_tile: int, prefetch_b
                 tiles_dn = [task * dt + j for j in range(dt)]
                 for_token_tiles(
                     req.m, n_tok, tokens_per_tile,
-                    lambda t0, tt: micro_kernel(dot, dn_q, dn, tiles_dn, t0, tt, F, ah, store, prefetch_bytes, True),
+                    lambda t0, tt: micro_kernel(dot, dn_q, dn, tile_rows(tiles_dn), t0, tt, F, ah, store, prefetch_bytes, prefetch_nta),
                 )
     return ib.get()
 
@@ -95,4 +96,5 @@ class IntFfnRule(Rule):
         return knobs
 
     def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
-        return build_int_ffn(req, dot_for(target), knobs["tokens_per_tile"], knobs["prefetch_bytes"], knobs["down_tiles"])
+        return build_int_ffn(req, dot_for(target), knobs["tokens_per_tile"], knobs["prefetch_bytes"], knobs["down_tiles"],
+                             target.prefetch_nta)

@@ -19,7 +19,7 @@ from tvm import tirx
 from tvm.tirx.script.builder import ir as I
 
 from ..quant import QuantType
-from .int_acts import F32, I32, L, Acts, ramp, splat
+from .int_acts import L, Acts
 from .intdot import Dot, GroupSum
 
 QUANTIZED = (QuantType.Q4_0, QuantType.Q4_1, QuantType.Q8_0, QuantType.Q4_K, QuantType.Q6_K)
@@ -27,41 +27,70 @@ M4 = 0x0F0F0F0F
 M30 = 0x30303030
 
 
-def _bytes(v):
-    return tirx.reinterpret("int8x64", v)
+@dataclass(frozen=True)
+class Rows:
+    """The output rows a micro-kernel slot covers: lanes first .. first + n - 1 of row tile `tile` (the whole
+    tile, n = 16, or one half of it, n = 8: a ymm register on AVX2)."""
+
+    tile: object
+    first: int = 0
+    n: int = L
+
+    @property
+    def lanes(self):
+        return tirx.Ramp(self.first, 1, self.n)
+
+    @property
+    def out(self):
+        """The output columns these rows write."""
+        return tirx.Ramp(self.tile * L + self.first, 1, self.n)
+
+    def splat(self, v, dtype: str):
+        scalar = dtype.split("x")[0]
+        return tirx.Broadcast(tirx.const(v, scalar) if isinstance(v, (int, float)) else v, self.n)
+
+    def vec(self, scalar: str) -> str:
+        return f"{scalar}x{self.n}"
+
+
+def tile_rows(tiles: list, n: int = L) -> list[Rows]:
+    """Row tiles as slots of n lanes (16: whole tiles; 8: both halves of each)."""
+    return [Rows(t, first, n) for t in tiles for first in range(0, L, n)]
 
 
 @dataclass(frozen=True)
 class Operand:
-    """One dot-product operand of a row tile: 4 codes (<= cmax) for each of 16 rows, to be weighted by
-    2**shift, against the 4 activations at offset `inputs` within the group."""
+    """One dot-product operand of some rows: 4 codes (<= cmax) per row, to be weighted by 2**shift, against the
+    4 activations at offset `inputs` within the group."""
 
-    weights: tirx.PrimExpr  # u8 x 64 (as int8x64)
+    weights: tirx.PrimExpr  # u8 x 4n (as int8 lanes)
     inputs: int
     cmax: int
     shift: int = 0
 
 
-def operands(qtype: QuantType, w, tile, g, split_bytes: bool = False) -> list[Operand]:
-    """The operands of input group g of one row tile. `split_bytes`: Q8_0's byte codes as two nibbles."""
-    u32 = lambda v: splat(v, "uint32x16")  # noqa: E731
+def operands(qtype: QuantType, w, rows: Rows, g, split_bytes: bool = False) -> list[Operand]:
+    """The operands of input group g of `rows`. `split_bytes`: Q8_0's byte codes as two nibbles."""
+    u32 = lambda v: rows.splat(v, "uint32")  # noqa: E731
+    tile, lanes = rows.tile, rows.lanes
+    _bytes = lambda v: tirx.reinterpret(f"int8x{4 * rows.n}", v)  # noqa: E731
     if qtype is QuantType.Q8_0:
-        words = [w["qs"][tile, g * 8 + i, ramp(0)] for i in range(8)]
+        words = [w["qs"][tile, g * 8 + i, lanes] for i in range(8)]
         if not split_bytes:
             return [Operand(_bytes(x), 4 * i, 255) for i, x in enumerate(words)]
         return [Operand(_bytes((x >> u32(4 * s)) & u32(M4)), 4 * i, 15, 4 * s) for s in (0, 1) for i, x in enumerate(words)]
     if qtype is QuantType.Q6_K:
-        h = w["qh"][tile, g, ramp(0)]
+        h = w["qh"][tile, g, lanes]
         ops = []
         for o, (lo_h, hi_h) in enumerate(((h & u32(M30), (h >> u32(2)) & u32(M30)),
                                           ((h << u32(4)) & u32(M30), (h << u32(2)) & u32(M30)))):
-            ql = w["ql"][tile, g * 2 + o, ramp(0)]
+            ql = w["ql"][tile, g * 2 + o, lanes]
             ops.append(Operand(_bytes((ql & u32(M4)) | lo_h), 8 * o, 63))
             ops.append(Operand(_bytes(((ql >> u32(4)) & u32(M4)) | hi_h), 8 * o + 4, 63))
         return ops
     ops = []
     for o in range(4):  # 4-bit quants: 4 octets of inputs per group of 32
-        word = w["qs"][tile, g * 4 + o, ramp(0)]
+        word = w["qs"][tile, g * 4 + o, lanes]
         ops.append(Operand(_bytes(word & u32(M4)), 8 * o, 15))
         ops.append(Operand(_bytes((word >> u32(4)) & u32(M4)), 8 * o + 4, 15))
     return ops
@@ -71,24 +100,28 @@ def group_size(qtype: QuantType) -> int:
     return 16 if qtype is QuantType.Q6_K else 32
 
 
-def scale_update(qtype: QuantType, w, tile, g, acc, dx, sq) -> tirx.PrimExpr:
-    """What one group adds to the float32 accumulator: acc (int32x16), dx (f32 scalar), sq (int32 scalar)."""
-    f = lambda v: tirx.Cast(F32, v)  # noqa: E731
-    dxv = splat(dx, F32)
+def scale_update(qtype: QuantType, w, rows: Rows, g, acc, dx, sq) -> tirx.PrimExpr:
+    """What one group adds to the float32 accumulator of `rows`: acc (int32 lanes), dx (f32 scalar), sq (int32
+    scalar)."""
+    F = rows.vec("float32")
+    f = lambda v: tirx.Cast(F, v)  # noqa: E731
+    tile, lanes = rows.tile, rows.lanes
+    dxv = rows.splat(dx, "float32")
+    i32 = lambda v: rows.splat(v, "int32")  # noqa: E731
     if qtype is QuantType.Q4_0:
-        return f(w["d"][tile, g, ramp(0)]) * dxv * f(acc - splat(sq * 8, I32))
+        return f(w["d"][tile, g, lanes]) * dxv * f(acc - i32(sq * 8))
     if qtype is QuantType.Q8_0:
-        return f(w["d"][tile, g, ramp(0)]) * dxv * f(acc - splat(sq * 128, I32))
+        return f(w["d"][tile, g, lanes]) * dxv * f(acc - i32(sq * 128))
     if qtype is QuantType.Q4_1:
-        return f(w["d"][tile, g, ramp(0)]) * dxv * f(acc) + f(w["m"][tile, g, ramp(0)]) * splat(dx * tirx.Cast("float32", sq), F32)
+        return f(w["d"][tile, g, lanes]) * dxv * f(acc) + f(w["m"][tile, g, lanes]) * rows.splat(dx * tirx.Cast("float32", sq), "float32")
     if qtype is QuantType.Q4_K:
         sb = g // 8
-        scale = f(w["d"][tile, sb, ramp(0)]) * f(w["sc"][tile, g, ramp(0)])
-        minimum = f(w["dmin"][tile, sb, ramp(0)]) * f(w["mn"][tile, g, ramp(0)])
-        return scale * dxv * f(acc) - minimum * splat(dx * tirx.Cast("float32", sq), F32)
+        scale = f(w["d"][tile, sb, lanes]) * f(w["sc"][tile, g, lanes])
+        minimum = f(w["dmin"][tile, sb, lanes]) * f(w["mn"][tile, g, lanes])
+        return scale * dxv * f(acc) - minimum * rows.splat(dx * tirx.Cast("float32", sq), "float32")
     if qtype is QuantType.Q6_K:
-        scale = f(w["d"][tile, g // 16, ramp(0)]) * f(w["sc"][tile, g, ramp(0)])
-        return scale * dxv * f(acc - splat(sq * 32, I32))
+        scale = f(w["d"][tile, g // 16, lanes]) * f(w["sc"][tile, g, lanes])
+        return scale * dxv * f(acc - i32(sq * 32))
     raise AssertionError(qtype)
 
 
@@ -111,10 +144,10 @@ def for_token_tiles(m, n_tok, tokens_per_tile: int, body) -> None:
 
 
 def store_epilogue(out, res, bias):
-    """The usual epilogue: out[t, tile rows] = acc (+ bias) (+ residual)."""
+    """The usual epilogue: out[t, rows] = acc (+ bias) (+ residual)."""
 
-    def store(t, tile, acc) -> None:
-        cols = ramp(tile * L)
+    def store(t, rows: Rows, acc) -> None:
+        cols = rows.out
         v = acc
         if bias is not None:
             v = v + bias[cols]
@@ -125,44 +158,50 @@ def store_epilogue(out, res, bias):
     return store
 
 
-def micro_kernel(dot: Dot, qtype, w, tiles: list, t0, tt: int, K: int, acts: Acts, epilogue, pf_bytes: int = 0,
+def micro_kernel(dot: Dot, qtype, w, slots: list[Rows], t0, tt: int, K: int, acts: Acts, epilogue, pf_bytes: int = 0,
                  pf_nta: bool = True, finish=None) -> None:
-    """Row tiles `tiles` x tokens [t0, t0 + tt): exact int32 sums per group of inputs, float32 accumulation.
+    """Output rows `slots` (whole row tiles, or halves of them: see Rows) x tokens [t0, t0 + tt): exact int32
+    sums per group of inputs, float32 accumulation, one accumulator per token and slot.
 
-    Then epilogue(t, tile, acc) per token and tile, or, with `finish`, finish(accs) once with
-    accs[i][j] the accumulator of token i and tile j (for epilogues that combine tiles).
+    Then epilogue(t, rows, acc) per token and slot, or, with `finish`, finish(accs) once with accs[i][j] the
+    accumulator of token i and slot j (for epilogues that combine tiles).
     """
     G = group_size(qtype)
-    nt = len(tiles)
-    facc = I.alloc_buffer((tt * nt * L,), "float32")
-    slot = lambda i, j: i * nt + j  # noqa: E731  token i, tile j
-    for s in range(tt * nt):
-        I.buffer_store(facc, splat(0.0, F32), [ramp(s * L)])
+    ns = len(slots)
+    lanes = slots[0].n
+    assert all(r.n == lanes for r in slots)
+    # one small buffer per accumulator: LLVM keeps each in a register (one large one stays on the stack)
+    facc = [[I.alloc_buffer((lanes,), "float32") for _ in slots] for _ in range(tt)]
+    whole = tirx.Ramp(0, 1, lanes)
+    for i in range(tt):
+        for j, r in enumerate(slots):
+            I.buffer_store(facc[i][j], r.splat(0.0, "float32"), [whole])
     annotations = None
     if pf_bytes:
         names = [w[c].name for c in (("ql", "qh") if qtype is QuantType.Q6_K else ("qs",))]  # the quant streams
         annotations = {"ellm.prefetch": {"buffers": names, "bytes": pf_bytes, "locality": 0 if pf_nta else 3}}
     halves = acts.halves
     with I.serial(0, K // G, annotations=annotations) as g:
-        sums = GroupSum(dot, tt * nt, len(halves))
+        sums = GroupSum(dot, tt * ns, len(halves), lanes)
         sums.zero()
-        for j, tile in enumerate(tiles):
-            for op in operands(qtype, w, tile, g, dot.split_bytes):
+        for j, r in enumerate(slots):
+            for op in operands(qtype, w, r, g, dot.split_bytes):
                 a = I.Bind(op.weights)
                 for i in range(tt):
                     for h, xs in enumerate(halves):
                         xb = tirx.reinterpret("int32", xs[t0 + i, tirx.Ramp(g * G + op.inputs, 1, 4)])
-                        sums.add(slot(i, j), h, a, _bytes(tirx.Broadcast(xb, L)), op.cmax, op.shift)
+                        factors = tirx.reinterpret(f"int8x{4 * lanes}", tirx.Broadcast(xb, lanes))
+                        sums.add(i * ns + j, h, a, factors, op.cmax, op.shift)
         sums.flush()
         for i in range(tt):
             dxi = acts.dx[t0 + i, g * G // 32]
             sqi = group_sq(acts, t0 + i, g, G)
-            for j, tile in enumerate(tiles):
-                upd = scale_update(qtype, w, tile, g, I.Bind(sums.total(slot(i, j))), dxi, sqi)
-                I.buffer_store(facc, facc[ramp(slot(i, j) * L)] + upd, [ramp(slot(i, j) * L)])
+            for j, r in enumerate(slots):
+                upd = scale_update(qtype, w, r, g, I.Bind(sums.total(i * ns + j)), dxi, sqi)
+                I.buffer_store(facc[i][j], facc[i][j][whole] + upd, [whole])
     if finish is not None:
-        finish([[facc[ramp(slot(i, j) * L)] for j in range(nt)] for i in range(tt)])
+        finish([[facc[i][j][whole] for j in range(ns)] for i in range(tt)])
         return
     for i in range(tt):
-        for j, tile in enumerate(tiles):
-            epilogue(t0 + i, tile, facc[ramp(slot(i, j) * L)])
+        for j, r in enumerate(slots):
+            epilogue(t0 + i, r, facc[i][j][whole])

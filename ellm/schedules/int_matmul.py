@@ -18,16 +18,17 @@ from ..compiler.graph import OpKind
 from ..quant.tiled import TILED_COMPONENTS
 from ..targets import IsaClass, TargetPreset, dot_class
 from .int_acts import L, Acts, quantize_row
-from .int_kernel import QUANTIZED, for_token_tiles, micro_kernel, store_epilogue
+from .int_kernel import QUANTIZED, Rows, for_token_tiles, micro_kernel, store_epilogue
 from .intdot import Dot, dot_for
 from .rule import KernelRequest, Knob, Rule
 
 
 def build_int_matmul(req: KernelRequest, dot: Dot, tokens_per_tile: int, tiles_per_task: int, prefetch_bytes: int,
-                     prefetch_nta: bool):
+                     prefetch_nta: bool, lanes: int = L):
     """The PrimFunc (x, [residual], *weights, [norm], [bias], out) for a tile16 weight.
 
     `req.attr("act_bits")` is 8 (one dot product per weight vector and token) or 16 (two: high and low byte).
+    `lanes`: rows per accumulator: 16, or 8 (half tiles, in two passes over the inputs: one ymm register each).
     """
     bits = int(req.attr("act_bits", 8))
     qtype = req.qtype
@@ -60,10 +61,14 @@ def build_int_matmul(req: KernelRequest, dot: Dot, tokens_per_tile: int, tiles_p
             store = store_epilogue(out, res, bias)
             with I.parallel(0, NT // tpt) as task:
                 tiles = [task * tpt + j for j in range(tpt)]
-                for_token_tiles(
-                    req.m, n_tok, tokens_per_tile,
-                    lambda t0, tt: micro_kernel(dot, qtype, w, tiles, t0, tt, K, acts, store, prefetch_bytes, prefetch_nta),
-                )
+                # half tiles (lanes = 8) run one after the other: each pass holds half the accumulators
+                for first in range(0, L, lanes):
+                    slots = [Rows(t, first, lanes) for t in tiles]
+                    for_token_tiles(
+                        req.m, n_tok, tokens_per_tile,
+                        lambda t0, tt, slots=slots: micro_kernel(dot, qtype, w, slots, t0, tt, K, acts, store,
+                                                                 prefetch_bytes, prefetch_nta),
+                    )
     return ib.get()
 
 
@@ -76,10 +81,17 @@ def int_matmul_applies(req: KernelRequest) -> bool:
     )
 
 
+PREFIX = {IsaClass.AVX512_VNNI: "vnni", IsaClass.AVX_VNNI: "avxvnni", IsaClass.AVX2: "avx2"}
+
+
 class _IntRule(Rule):
     """A rule for one dot-product class: applies where that is the target's class for vector dot products."""
 
-    isa: ClassVar[IsaClass]
+    kind: ClassVar[str]
+
+    def __init__(self, isa: IsaClass):
+        self.isa = isa
+        self.name = f"{PREFIX[isa]}_{self.kind}"
 
     def isa_applies(self, target: TargetPreset) -> bool:
         return target.isa is not None and dot_class(target.isa) is self.isa
@@ -90,9 +102,10 @@ class _IntRule(Rule):
         return d
 
 
-class _IntGemv(_IntRule):
+class IntGemvRule(_IntRule):
     """One token: phase 1 quantises x, phase 2 streams every weight once (prefetched ahead)."""
 
+    kind = "gemv"
     knobs = (
         Knob("tiles_per_task", 1, (1, 2, 4), "row tiles of 16 a task accumulates together"),
         Knob("prefetch_bytes", 4096, (0, 1024, 4096, 8192), "software prefetch distance in the weight stream"),
@@ -102,17 +115,24 @@ class _IntGemv(_IntRule):
     def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
         return req.m == 1 and self.isa_applies(target) and int_matmul_applies(req)
 
+    def default_knobs(self, req: KernelRequest, target: TargetPreset) -> dict[str, int]:
+        knobs = super().default_knobs(req, target)
+        knobs["prefetch_nta"] = int(target.prefetch_nta)
+        return knobs
+
     def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
         return build_int_matmul(req, self.dot(target), 1, knobs["tiles_per_task"], knobs["prefetch_bytes"],
                                 bool(knobs["prefetch_nta"]))
 
 
-class _IntGemm(_IntRule):
+class IntGemmRule(_IntRule):
     """A chunk of tokens: a task's weights stay in L1 while its tokens stream through a register tile."""
 
+    kind = "gemm"
     knobs = (
         Knob("tokens_per_tile", 2, (1, 2, 4, 6, 8), "tokens sharing each unpacked weight vector"),
         Knob("tiles_per_task", 1, (1, 2, 4), "row tiles of 16 sharing each activation broadcast"),
+        Knob("lanes", 16, (8, 16), "rows per accumulator: whole tiles (16) or half tiles (8, one ymm register)"),
         Knob("prefetch_bytes", 0, (0, 4096), "software prefetch distance in the weight stream"),
     )
 
@@ -120,56 +140,17 @@ class _IntGemm(_IntRule):
         return req.m != 1 and self.isa_applies(target) and int_matmul_applies(req)
 
     def default_knobs(self, req: KernelRequest, target: TargetPreset) -> dict[str, int]:
-        # Registers: tokens x tiles accumulators, twice (high and low bytes) for 16-bit activations.
-        # Measured on SmolLM2's FFN matmuls at 256 tokens (AVX-512 VNNI): 2 x 1 is fastest for 16-bit,
-        # 4 x 1 for 8-bit. AVX2 has half the registers and holds int16 partial sums besides.
+        # Registers: tokens x slots accumulators, twice (high and low bytes) for 16-bit activations. Measured on
+        # SmolLM2's FFN matmuls at 256 tokens (AVX-512 VNNI): 2 x 1 is fastest for 16-bit, 4 x 1 for 8-bit.
+        # With 256-bit registers, half tiles let as many tokens share a weight vector.
         knobs = super().default_knobs(req, target)
-        wide = 2 if int(req.attr("act_bits", 8)) == 16 else 4
-        knobs["tokens_per_tile"] = wide if self.isa is IsaClass.AVX512_VNNI else max(1, wide // 2)
+        knobs["tokens_per_tile"] = 2 if int(req.attr("act_bits", 8)) == 16 else 4
+        knobs["lanes"] = 16 if self.isa is IsaClass.AVX512_VNNI else 8
         return knobs
 
     def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
         return build_int_matmul(req, self.dot(target), knobs["tokens_per_tile"], knobs["tiles_per_task"],
-                                knobs["prefetch_bytes"], True)
+                                knobs["prefetch_bytes"], target.prefetch_nta, knobs["lanes"])
 
 
-class VnniGemvRule(_IntGemv):
-    name = "vnni_gemv"
-    isa = IsaClass.AVX512_VNNI
-
-
-class VnniGemmRule(_IntGemm):
-    name = "vnni_gemm"
-    isa = IsaClass.AVX512_VNNI
-
-
-class AvxVnniGemvRule(_IntGemv):
-    name = "avxvnni_gemv"
-    isa = IsaClass.AVX_VNNI
-
-
-class AvxVnniGemmRule(_IntGemm):
-    name = "avxvnni_gemm"
-    isa = IsaClass.AVX_VNNI
-
-
-class Avx2GemvRule(_IntGemv):
-    name = "avx2_gemv"
-    isa = IsaClass.AVX2
-
-
-class Avx2GemmRule(_IntGemm):
-    name = "avx2_gemm"
-    isa = IsaClass.AVX2
-
-
-__all__ = [
-    "Avx2GemmRule",
-    "Avx2GemvRule",
-    "AvxVnniGemmRule",
-    "AvxVnniGemvRule",
-    "VnniGemmRule",
-    "VnniGemvRule",
-    "build_int_matmul",
-    "int_matmul_applies",
-]
+__all__ = ["IntGemmRule", "IntGemvRule", "build_int_matmul", "int_matmul_applies"]

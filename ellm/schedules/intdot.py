@@ -45,9 +45,16 @@ def _bc(v, dtype: str, lanes: int):
     return tirx.Broadcast(tirx.const(v, dtype), lanes) if isinstance(v, int) else tirx.Broadcast(v, lanes)
 
 
+def _lanes(v) -> int:
+    import tvm
+
+    return tvm.DataType(str(v.ty.dtype)).lanes
+
+
 @dataclass(frozen=True)
 class Dot:
-    """The dot-product instructions of one ISA class (`width`: register bits they run on)."""
+    """The dot-product instructions of one ISA class (`width`: register bits they run on). Operands are 32 or
+    64 bytes of codes (8 or 16 int32 lanes); 64-byte ones run as two 32-byte halves where width is 256."""
 
     isa: IsaClass
     width: int
@@ -63,31 +70,35 @@ class Dot:
                 IsaClass.AVX512_VNNI: "vpdpbusd (zmm)"}[self.isa]
 
     def dpbusd(self, acc, a_u8, b_s8):
-        """acc (int32x16) + the 4-byte lane dots of a (codes, int8x64 holding u8) and b (int8x64): VNNI only."""
-        if self.isa is IsaClass.AVX512_VNNI:
-            return tirx.call_llvm_pure_intrin(I32, "llvm.x86.avx512.vpdpbusd.512", acc, a_u8, b_s8)
-        assert self.isa is IsaClass.AVX_VNNI, self.isa
-        (a0, a1), (b0, b1), (c0, c1) = _halves(a_u8, 64), _halves(b_s8, 64), _halves(acc, L)
-        r = [tirx.call_llvm_pure_intrin("int32x8", "llvm.x86.avx512.vpdpbusd.256", c, a, b)
-             for c, a, b in ((c0, a0, b0), (c1, a1, b1))]
-        return _concat(r[0], r[1], L)
+        """acc (int32 lanes) + the 4-byte lane dots of a (codes, int8 holding u8) and b (int8): VNNI only."""
+        assert self.isa is not IsaClass.AVX2, self.isa
+        n = _lanes(acc)
+        if n * 32 <= self.width:
+            return tirx.call_llvm_pure_intrin(f"int32x{n}", f"llvm.x86.avx512.vpdpbusd.{n * 32}", acc, a_u8, b_s8)
+        (a0, a1), (b0, b1), (c0, c1) = _halves(a_u8, 4 * n), _halves(b_s8, 4 * n), _halves(acc, n)
+        r = [self.dpbusd(c, a, b) for c, a, b in ((c0, a0, b0), (c1, a1, b1))]
+        return _concat(r[0], r[1], n)
 
     def maddubs(self, a_u8, b_s8):
-        """int16x32: sums of adjacent u8 x s8 products (saturating; see the module's bounds)."""
-        if self.width == 512:
+        """int16 lanes: sums of adjacent u8 x s8 products (saturating; see the module's bounds)."""
+        nb = _lanes(a_u8)
+        if nb * 8 == 512 and self.width == 512:
             return tirx.call_llvm_pure_intrin(I16, "llvm.x86.avx512.pmaddubs.w.512", a_u8, b_s8)
-        (a0, a1), (b0, b1) = _halves(a_u8, 64), _halves(b_s8, 64)
-        r = [tirx.call_llvm_pure_intrin("int16x16", "llvm.x86.avx2.pmadd.ub.sw", a, b) for a, b in ((a0, b0), (a1, b1))]
-        return _concat(r[0], r[1], 2 * L)
+        if nb == 32:
+            return tirx.call_llvm_pure_intrin("int16x16", "llvm.x86.avx2.pmadd.ub.sw", a_u8, b_s8)
+        (a0, a1), (b0, b1) = _halves(a_u8, nb), _halves(b_s8, nb)
+        return _concat(self.maddubs(a0, b0), self.maddubs(a1, b1), nb // 2)
 
     def maddwd(self, p16, factor: int):
-        """int32x16: adjacent int16 pairs of p16, each times `factor`, summed."""
-        f = _bc(factor, "int16", 2 * L)
-        if self.width == 512:
+        """int32 lanes: adjacent int16 pairs of p16, each times `factor`, summed."""
+        n16 = _lanes(p16)
+        f = _bc(factor, "int16", n16)
+        if n16 == 32 and self.width == 512:
             return tirx.call_llvm_pure_intrin(I32, "llvm.x86.avx512.pmaddw.d.512", p16, f)
-        (p0, p1), (f0, f1) = _halves(p16, 2 * L), _halves(f, 2 * L)
-        r = [tirx.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.pmadd.wd", p, q) for p, q in ((p0, f0), (p1, f1))]
-        return _concat(r[0], r[1], L)
+        if n16 == 16:
+            return tirx.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.pmadd.wd", p16, f)
+        (p0, p1) = _halves(p16, n16)
+        return _concat(self.maddwd(p0, factor), self.maddwd(p1, factor), n16 // 2)
 
     @staticmethod
     def depth(cmax: int) -> int:
@@ -107,8 +118,8 @@ def dot_for(target: TargetPreset) -> Dot | None:
 
 
 class GroupSum:
-    """Exact int32 sums for `slots` accumulators of 16 lanes (e.g. token x row tile), with factors in one or two
-    int8 halves (two: the factor is 256 * high + low, half 0 being the high one).
+    """Exact int32 sums for `slots` accumulators of `lanes` lanes (e.g. token x row tile), with factors in one or
+    two int8 halves (two: the factor is 256 * high + low, half 0 being the high one).
 
     zero() emits the clearing of the sums; add(slot, half, codes, factors, cmax, shift) adds codes (<= cmax)
     << shift times factors; flush() must follow the last add of a loop body (AVX2 widens its int16 partial
@@ -116,31 +127,35 @@ class GroupSum:
     both halves combined. The sums may persist across the iterations of a loop around the adds.
     """
 
-    def __init__(self, dot: Dot, slots: int, halves: int):
-        self.dot, self.slots, self.halves = dot, slots, halves
+    def __init__(self, dot: Dot, slots: int, halves: int, lanes: int = L):
+        self.dot, self.slots, self.halves, self.lanes = dot, slots, halves, lanes
         self.vnni = dot.isa is not IsaClass.AVX2
         # VNNI: one int32 accumulator per slot and half, combined at the end; AVX2: int16 partial sums per
         # (slot, half, shift), widened into one int32 sum per slot
-        self.acc = [I.alloc_buffer((slots * L,), "int32") for _ in range(halves if self.vnni else 1)]
+        # one small buffer per slot and half: LLVM keeps each in a register
+        self.acc = [[I.alloc_buffer((lanes,), "int32") for _ in range(slots)] for _ in range(halves if self.vnni else 1)]
         self.acc16: dict[tuple[int, int, int], object] = {}
         self.pending: dict[tuple[int, int, int], int] = {}  # key -> adds since the last widening
 
+    def _all(self):
+        return tirx.Ramp(0, 1, self.lanes)
+
     def zero(self) -> None:
-        for buf in self.acc:
-            for s in range(self.slots):
-                I.buffer_store(buf, _bc(0, "int32", L), [tirx.Ramp(s * L, 1, L)])
+        for bufs in self.acc:
+            for buf in bufs:
+                I.buffer_store(buf, _bc(0, "int32", self.lanes), [self._all()])
 
     def add(self, slot: int, half: int, codes, factors, cmax: int, shift: int = 0) -> None:
-        at = tirx.Ramp(slot * L, 1, L)
+        at = self._all()
         if self.vnni:
             assert shift == 0, "VNNI sums full bytes"
-            buf = self.acc[half]
+            buf = self.acc[half][slot]
             I.buffer_store(buf, self.dot.dpbusd(buf[at], codes, factors), [at])
             return
         key = (slot, half, shift)
         if key not in self.acc16:
-            self.acc16[key] = I.alloc_buffer((2 * L,), "int16")
-        buf, at16 = self.acc16[key], tirx.Ramp(0, 1, 2 * L)
+            self.acc16[key] = I.alloc_buffer((2 * self.lanes,), "int16")
+        buf, at16 = self.acc16[key], tirx.Ramp(0, 1, 2 * self.lanes)
         n = self.pending.get(key, 0)
         p = self.dot.maddubs(codes, factors)
         I.buffer_store(buf, p if n == 0 else buf[at16] + p, [at16])
@@ -153,9 +168,9 @@ class GroupSum:
         if not self.pending.pop(key, 0):
             return
         factor = (256 if self.halves == 2 and half == 0 else 1) << shift
-        w = self.dot.maddwd(self.acc16[key][tirx.Ramp(0, 1, 2 * L)], factor)
-        at = tirx.Ramp(slot * L, 1, L)
-        I.buffer_store(self.acc[0], self.acc[0][at] + w, [at])
+        w = self.dot.maddwd(self.acc16[key][tirx.Ramp(0, 1, 2 * self.lanes)], factor)
+        buf, at = self.acc[0][slot], self._all()
+        I.buffer_store(buf, buf[at] + w, [at])
 
     def flush(self) -> None:
         for key in list(self.pending):
@@ -164,7 +179,7 @@ class GroupSum:
     def total(self, slot: int):
         """int32x16: the slot's exact sum (after flush())."""
         assert not any(k[0] == slot for k in self.pending), "flush() before total()"
-        at = tirx.Ramp(slot * L, 1, L)
+        at = self._all()
         if self.vnni and self.halves == 2:
-            return (self.acc[0][at] << _bc(8, "int32", L)) + self.acc[1][at]
-        return self.acc[0][at]
+            return (self.acc[0][slot][at] << _bc(8, "int32", self.lanes)) + self.acc[1][slot][at]
+        return self.acc[0][slot][at]

@@ -74,7 +74,7 @@ class KernelRequest:
 class Rule(ABC):
     """A family of kernels. `build` with `default_knobs` is the default schedule."""
 
-    name: ClassVar[str]
+    name: str  # a class attribute, or set per instance by rules built for one of several ISA classes
     knobs: ClassVar[tuple[Knob, ...]] = ()
 
     @abstractmethod

@@ -30,7 +30,8 @@ def fuse_attention_input(g: Graph, ctx: PassContext) -> Graph:
             (cache, *mm.inputs),
             weights=mm.weights,
             vectors=mm.vectors,
-            attrs=attrs(**dict(rk.attrs), norm_eps=mm.attr("norm_eps"), act_bits=mm.attr("act_bits")),
+            attrs=attrs(**dict(rk.attrs), norm_eps=mm.attr("norm_eps"), act_bits=mm.attr("act_bits"),
+                        chunk_act_bits=mm.attr("chunk_act_bits")),
             layer=rk.layer,
         )
         fused_name = name.replace("rope_kv_append", "attention_input")

@@ -39,7 +39,8 @@ def fuse_ffn(g: Graph, ctx: PassContext) -> Graph:
             (x,),
             weights=(gu.weight, dn.weight),
             vectors=(("norm", gu.vector("norm")),),
-            attrs=attrs(norm_eps=gu.attr("norm_eps"), act_bits=gu.attr("act_bits"), d_ff=F),
+            attrs=attrs(norm_eps=gu.attr("norm_eps"), act_bits=gu.attr("act_bits"),
+                        chunk_act_bits=gu.attr("chunk_act_bits"), d_ff=F),
             layer=dn.layer,
         )
         ffn_name = gu_name.rsplit(".", 1)[0] + ".ffn"
