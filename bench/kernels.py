@@ -154,8 +154,9 @@ def _same_shape(req, op) -> bool:
 
 
 def _same_attrs(req, op) -> bool:
-    """The op's attributes as the kernel request carries them (per-layer KV classes, residual, ...)."""
-    return all(req.attr(k) == v for k, v in op.attrs)
+    """The op's attributes as the kernel request carries them (per-layer KV classes, residual, ...; lowering
+    turns the two activation widths into the request's one)."""
+    return all(req.attr(k) == v for k, v in op.attrs if k not in ("act_bits", "chunk_act_bits"))
 
 
 def _param_names(func):

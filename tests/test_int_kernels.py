@@ -114,6 +114,20 @@ def test_int_matmul_worst_case_inputs(preset, qtype, m, bits):
     assert np.all(np.abs(out - ref) <= 1e-5 * np.abs(ref) + 1e-30), np.abs(out - ref).max()
 
 
+@pytest.mark.parametrize("preset", isa_params(IsaClass.AVX2))
+def test_worst_case_breaks_past_the_int16_bound(preset, monkeypatch):
+    """The worst case has teeth: summing 3 Q6_K results in int16 (the bound allows 2) saturates, so the
+    kernel misses the reference."""
+    monkeypatch.setattr(Dot, "depth", staticmethod(lambda cmax: 3 if cmax == 63 else 8))
+    n, k = 32, 512
+    raw = _extreme_blocks(QuantType.Q6_K, n, k, np.random.default_rng(0))
+    W = dequantize(raw, G.Q6_K).reshape(n, k).astype(np.float64)
+    x = _saturating_acts(1, k, 8)
+    out = _run(preset, raw, QuantType.Q6_K, n, k, 1, 8, x)
+    ref = x.astype(np.float64) @ W.T
+    assert np.abs(out - ref).max() > 1e-3 * np.abs(ref).max()
+
+
 def test_int16_depth_bound():
     """What GroupSum may add in int16 before widening: the bound that keeps vpmaddubsw exact."""
     assert Dot.depth(15) == 8 and Dot.depth(63) == 2

@@ -17,7 +17,8 @@ def quant_engine(request, tmp_path_factory, model_path):
     from ellm.compiler.build import CompileOptions, compile_model
 
     out = tmp_path_factory.mktemp("kvq") / request.param
-    compile_model(model_path, out, CompileOptions(cache_type_k=request.param, cache_type_v=request.param))
+    # 16-bit activations throughout, as the float16-cache engine it is compared with: the KV precision alone
+    compile_model(model_path, out, CompileOptions(cache_type_k=request.param, cache_type_v=request.param, activations="int16"))
     return request.param, ellm.load(out, threads=THREADS, ctx_size=2048)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as G
@@ -12,10 +14,11 @@ import ellm
 from ellm.compiler.build import CompileOptions, compile_model
 from ellm.compiler.pipeline import optional_pass_names
 
-TOL = 1e-3  # float32 vs float64 on 2 small layers with float32 KV
+TOL = 1e-3  # 16-bit activations and float32 vs float64 on 2 small layers with float32 KV
+EXACT = CompileOptions(cache_type_k="f32", cache_type_v="f32", activations="int16")
 
 
-def _check(tmp_path, name, options=CompileOptions(cache_type_k="f32", cache_type_v="f32"), **model_kw):
+def _check(tmp_path, name, options=EXACT, **model_kw):
     gguf_path = write_model(tmp_path / f"{name}.gguf", **model_kw)
     art = compile_model(gguf_path, tmp_path / name, options).path
     eng = ellm.load(art, threads=2)
@@ -47,8 +50,8 @@ def test_unfused_pipeline_gives_the_same_logits(tmp_path):
     """Disabling every pass changes the kernels, not the answer."""
     gguf_path = write_model(tmp_path / "m.gguf", types=MIXES["k_quants"])
     ids = list(range(3, 40))
-    fused = ellm.load(compile_model(gguf_path, tmp_path / "fused", CompileOptions(cache_type_k="f32", cache_type_v="f32")).path, threads=2)
-    plain_art = compile_model(gguf_path, tmp_path / "plain", CompileOptions(cache_type_k="f32", cache_type_v="f32", disable_passes=tuple(optional_pass_names())))
+    fused = ellm.load(compile_model(gguf_path, tmp_path / "fused", EXACT).path, threads=2)
+    plain_art = compile_model(gguf_path, tmp_path / "plain", replace(EXACT, disable_passes=tuple(optional_pass_names())))
     plain = ellm.load(plain_art.path, threads=2)
     assert plain.artifact.target["graph"]["ops"].get("rmsnorm") == 5
     a, b = fused.logits(ids), plain.logits(ids)

@@ -30,10 +30,13 @@ class PassContext:
     # (int16 as two int8 halves: twice the dot products, near-float accuracy); "f32": float kernels.
     activations: str = "int16"
     # ... and of multi-token chunks (prefill, verification), which are compute-bound where steps are not
-    chunk_activations: str = "int16"
+    # (None: as steps)
+    chunk_activations: str | None = None
     kv: KVOptions = field(default_factory=KVOptions)
 
     def __post_init__(self) -> None:
+        if self.chunk_activations is None:
+            object.__setattr__(self, "chunk_activations", self.activations)
         for a in (self.activations, self.chunk_activations):
             if a not in ACTIVATIONS:
                 raise ValueError(f"activations must be one of {ACTIVATIONS}, got {a!r}")

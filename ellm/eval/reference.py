@@ -18,9 +18,18 @@ def is_reference(art: Artifact) -> bool:
     return set(plan.k) == set(plan.v) == {KVType.F16}
 
 
+def activations_of(art: Artifact) -> str:
+    """The --activations value the artifact's target was compiled with (auto: 16-bit steps, 8-bit chunks)."""
+    a = art.target["activations"]
+    if a["steps"] == a["chunks"]:
+        return a["steps"]
+    assert (a["steps"], a["chunks"]) == ("int16", "int8"), a
+    return "auto"
+
+
 def reference_artifact(path: Path, model: str | None, log=print) -> Path:
     """`path` itself if it is already the reference configuration; else the GGUF it was compiled from,
-    compiled (once, cached) with a float16 KV cache for the same target."""
+    compiled (once, cached) with a float16 KV cache for the same target and activation precision."""
     from ..compiler.build import CompileOptions, compile_model
     from ..demo import cache_root
 
@@ -32,12 +41,14 @@ def reference_artifact(path: Path, model: str | None, log=print) -> Path:
     if digest != art.manifest["source"]["sha256"]:
         raise EllmError(f"{gguf} is not the GGUF {path} was compiled from (pass it with --model)")
     preset = art.target["preset"]
-    out = cache_root() / f"reference-{digest[:12]}-{preset}-f16-ellm{__version__}"
+    activations = activations_of(art)
+    out = cache_root() / f"reference-{digest[:12]}-{preset}-{activations}-f16-ellm{__version__}"
     try:
         if is_reference(Artifact.open(out)):
             return out
     except EllmError:
         pass
     log(f"compiling the dense float16-KV reference into {out} (once) ...")
-    compile_model(gguf, out, CompileOptions(target=preset, cache_type_k="f16", cache_type_v="f16"), force=True, log=log)
+    options = CompileOptions(target=preset, cache_type_k="f16", cache_type_v="f16", activations=activations)
+    compile_model(gguf, out, options, force=True, log=log)
     return out
