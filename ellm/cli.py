@@ -354,7 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--vs", metavar="llama.cpp", help="also run llama.cpp on the same GGUF (built on demand)")
     b.add_argument("--target", help="eLLM: run this target of the artifact (default: the best this CPU runs)")
     b.add_argument("--llama-build", default="native",
-                   help="llama.cpp builds, comma-separated: native (GGML_NATIVE), avx2 (AVX-512 off) (default native)")
+                   help="llama.cpp builds, comma-separated: native (GGML_NATIVE), avx512 (AVX-512 VNNI, AMX off), "
+                        "avx2 (AVX-512 off) (default native)")
     b.add_argument("--llama-kv", default="f16", help="llama.cpp KV cache types, comma-separated: f16, q8_0 (default f16)")
     b.add_argument("--llama-fa", default="on", help="llama.cpp flash attention: on, off or on,off (default on)")
     b.add_argument("--json", action="store_true")
