@@ -55,14 +55,15 @@ def main() -> None:
     head = lambda k: k.req.kind.value == "lm_head"  # noqa: E731
     if prefill:  # the chunk's kernels; its head projects the last row only
         step = [k for k in lowered.kernels if (k.req.m is None and not head(k)) or k.req.attr("last_row")]
-    else:
-        step = [k for k in lowered.kernels if k.req.m == 1 and not k.req.attr("last_row")]
+    else:  # the one-token kernels, the head included (the decode entry shares the last-row head kernel)
+        step = [k for k in lowered.kernels if k.req.m == 1]
     calls = Counter()
     for _, op in g.nodes():
         for k in step:
             if k.req.kind is op.kind and _same_shape(k.req, op) and _same_attrs(k.req, op):
                 calls[k.name] += 1
                 break
+    step = [k for k in step if calls[k.name]]
     bw = measure_read_bandwidth(a.threads)
     llc = max(detect_host().caches.get("L3", 0), 32 << 20)
     set_threads(a.threads)
