@@ -8,6 +8,8 @@ from ..kv.plan import KVType
 from ..targets import TargetPreset
 
 ACTIVATIONS = ("int8", "int16", "f32")
+# `--activations auto` on targets with integer dot products: (one-token steps, multi-token chunks)
+AUTO_ACTIVATIONS = ("int16", "int8")
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,12 @@ def is_reference(art: Artifact) -> bool:
 
 def activations_of(art: Artifact) -> str:
     """The --activations value the artifact's target was compiled with (auto: 16-bit steps, 8-bit chunks)."""
+    from ..compiler.pass_context import AUTO_ACTIVATIONS
+
     a = art.target["activations"]
     if a["steps"] == a["chunks"]:
         return a["steps"]
-    assert (a["steps"], a["chunks"]) == ("int16", "int8"), a
+    assert (a["steps"], a["chunks"]) == AUTO_ACTIVATIONS, a
     return "auto"
 
 
