@@ -27,8 +27,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=0, help="profile the prefill entry at this many tokens (default: decode)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--target", default="auto", help="a target preset (default: this host's)")
+    ap.add_argument("--knob", action="append", default=[], metavar="RULE.KNOB=VALUE",
+                    help="override a knob of one rule's kernels (repeatable), e.g. attention_input.passes=4")
+    ap.add_argument("--activations", default="auto", help="as `ellm compile --activations`")
     ap.add_argument("--json")
     a = ap.parse_args()
+    overrides = _parse_knobs(a.knob)
 
     import tvm
 
@@ -47,7 +51,7 @@ def main() -> None:
     preset = resolve_target(a.target)
     gf = GGUFFile(resolve_model(a.model))
     cfg = ModelConfig.from_gguf(gf)
-    _, g = build_graph(gf, cfg, CompileOptions(), preset)
+    _, g = build_graph(gf, cfg, CompileOptions(activations=a.activations), preset)
     lowered = lower(g, preset)
     plan = KVPlan.from_key(g.op("kv_cache").attr("kv_plan"))
     prefill = a.tokens > 0
@@ -70,7 +74,7 @@ def main() -> None:
     wl = Workload(tokens=max(1, a.tokens), ctx=a.ctx)
     rows = []
     for k in step:
-        func = inject_prefetch(lower_rule_build(k, preset)).with_attr("global_symbol", "kernel")
+        func = inject_prefetch(lower_rule_build(k, preset, overrides.get(k.rule))).with_attr("global_symbol", "kernel")
         ex = tvm.compile(func, target=preset.tvm_target())
         args = _inputs(func, k.req, wl, np.random.default_rng(0))
         names = _param_names(func)
@@ -141,10 +145,25 @@ def _macs(req, tokens: int) -> int:
     return rows * total
 
 
-def lower_rule_build(k, preset):
+def lower_rule_build(k, preset, overrides=None):
+    """The kernel as lowering built it, with `overrides` ({knob: value}) on top of its knobs."""
     from ellm.schedules import rule_by_name
 
-    return rule_by_name(k.rule).build(k.req, preset, k.knobs)
+    rule = rule_by_name(k.rule)
+    knobs = rule.resolve_knobs(k.req, preset, {**k.knobs, **(overrides or {})}) if overrides else k.knobs
+    return rule.build(k.req, preset, knobs)
+
+
+def _parse_knobs(items: list[str]) -> dict[str, dict[str, int]]:
+    """["rule.knob=3", ...] -> {rule: {knob: 3}}."""
+    out: dict[str, dict[str, int]] = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        rule, _, knob = name.partition(".")
+        if not (rule and knob and value.lstrip("-").isdigit()):
+            raise SystemExit(f"--knob {item!r}: expected RULE.KNOB=INTEGER")
+        out.setdefault(rule, {})[knob] = int(value)
+    return out
 
 
 def _same_shape(req, op) -> bool:

@@ -298,8 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--tuning-db", help="JSON tuning database with schedule knobs (ellm tune)")
     c.add_argument(
         "--activations", choices=["auto", "int16", "int8", "f32"], default="auto",
-        help="matmul activations: int16/int8 integer kernels, f32 float kernels (auto: int16 for one-token steps and int8 "
-             "for prefill chunks, on AVX2 and later)",
+        help="matmul activations: int16/int8 integer kernels, f32 float kernels (auto, on AVX2 and later: int8 for prefill "
+             "chunks; int16 for one-token steps with 512-bit dot products, int8 with 256-bit ones)",
     )
     c.add_argument("--no-prefetch", action="store_true", help="compile without software prefetch")
     c.add_argument("--max-chunk", type=_positive_int, default=256, help="most tokens per prefill step (default 256)")

@@ -41,6 +41,11 @@ def _inputs(func, req: KernelRequest, wl: Workload, rng) -> list:
     key = req.attr("kv_plan")
     block = KVPlan.from_key(key).block if key else 64
     sizes = {"T": m, "n": m, "C": wl.ctx, "NB": -(-wl.ctx // block)}  # NB: KV cache blocks
+    # a chunk ends at the cache's end and stores the blocks it completes; a one-token step stores a block
+    # only once every `block` steps, so it is timed at a position that completes none
+    pos = wl.ctx - m
+    if m == 1 and (pos + 1) % block == 0:
+        pos -= 1
     args = []
     for p in func.params:
         if not isinstance(p.ty, tvm.ir.PrimType):  # a buffer parameter
@@ -55,7 +60,7 @@ def _inputs(func, req: KernelRequest, wl: Workload, rng) -> list:
                 arr = rng.integers(0, 256, nbytes, dtype=np.uint8).view(dtype).reshape(shape)
             args.append(tvm.runtime.tensor(arr))
         else:
-            args.append({"pos": wl.ctx - m, "layer": 0, "kslot": 0, "vslot": 0}[str(p.name)])
+            args.append({"pos": pos, "layer": 0, "kslot": 0, "vslot": 0}[str(p.name)])
     return args
 
 

@@ -15,7 +15,7 @@ from .graph import Graph
 from .import_llama import import_llama
 from .inspect import decode_weight_bytes
 from .lower import Lowered, lower
-from .pass_context import ACTIVATIONS, AUTO_ACTIVATIONS, KVOptions, PassContext
+from .pass_context import ACTIVATIONS, KVOptions, PassContext, auto_activations
 from .pipeline import enabled_passes, run_pipeline
 
 
@@ -37,9 +37,7 @@ class TargetOptions:
 def pass_context(options: TargetOptions, preset: TargetPreset) -> PassContext:
     activations = chunks = options.activations
     if activations == "auto":
-        # one-token steps are bandwidth-bound: 16-bit activations cost nothing there; chunks are compute-bound:
-        # 8-bit ones (llama.cpp's choice, at a finer scale: per 32 inputs, not 256) halve their dot products
-        activations, chunks = AUTO_ACTIVATIONS if preset.isa is not None else ("f32", "f32")
+        activations, chunks = auto_activations(preset)
     elif activations != "f32" and preset.isa is None:
         raise EllmError(f"{activations} activations need integer dot products (AVX2 or later), which target {preset.name} lacks")
     assert activations in ACTIVATIONS

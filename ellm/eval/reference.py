@@ -19,13 +19,15 @@ def is_reference(art: Artifact) -> bool:
 
 
 def activations_of(art: Artifact) -> str:
-    """The --activations value the artifact's target was compiled with (auto: 16-bit steps, 8-bit chunks)."""
-    from ..compiler.pass_context import AUTO_ACTIVATIONS
+    """The --activations value that compiles the artifact's target as it was compiled (steps and chunks alike:
+    that value; else what auto chose for the target)."""
+    from ..compiler.pass_context import auto_activations
+    from ..targets import resolve_target
 
     a = art.target["activations"]
     if a["steps"] == a["chunks"]:
         return a["steps"]
-    assert (a["steps"], a["chunks"]) == AUTO_ACTIVATIONS, a
+    assert (a["steps"], a["chunks"]) == auto_activations(resolve_target(art.target["preset"])), a
     return "auto"
 
 
