@@ -92,10 +92,13 @@ def test_matmul_precision_bounds(tmp_path_factory, model_path, text_ids, exact_r
     top2 = np.sort(exact_ref_logits, axis=1)[:, -2:]
     decided = (top2[:, 1] - top2[:, 0]) > top1_margin
     assert (got.argmax(1)[decided] == exact_ref_logits.argmax(1)[decided]).all()
-    if activations == "auto":  # one-token steps keep 16-bit activations: token by token, the int16 bound holds
+    if activations == "auto":  # one-token steps, token by token: the bound of the precision auto gives them here
+        from ellm.compiler.pass_context import auto_activations
+
+        step_eps = {"int16": 0.03, "int8": 5.0}[auto_activations(resolve_target("auto"))[0]]
         eng.reset()
         steps = np.stack([eng.decode(t) for t in text_ids[:48]])
-        assert np.abs(steps - exact_ref_logits[:48]).max() <= 0.03
+        assert np.abs(steps - exact_ref_logits[:48]).max() <= step_eps
 
 
 def _uneven_chunks(n: int) -> list[int]:

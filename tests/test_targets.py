@@ -9,7 +9,7 @@ from synthetic import write_model
 
 import ellm
 from ellm.compiler.build import CompileOptions, compile_model
-from ellm.targets import PRESETS, HostCPU, IsaClass, compute_features, missing_features, preset_for_host
+from ellm.targets import PRESETS, HostCPU, IsaClass, compute_features, missing_features, preset_for_host, resolve_target
 from ellm.targets.presets import FALLBACK_ORDER
 from ellm.targets.features import host_cpuinfo_flags
 
@@ -97,3 +97,14 @@ def _asm_of(artifact_dir) -> str:
     if out.returncode != 0:
         pytest.skip("objdump unavailable")
     return out.stdout
+
+
+@pytest.mark.parametrize("preset,steps", [("sapphirerapids", "int16"), ("znver4", "int16"), ("cascadelake", "int16"),
+                                          ("skylake-avx512", "int16"), ("x86-64-v3", "int8"), ("znver3", "int8"),
+                                          ("alderlake", "int8")])
+def test_auto_activations_follow_the_dot_product_width(preset, steps):
+    """One-token steps keep 16-bit activations where dot products are 512 bits wide; 256-bit classes are
+    compute-bound with them and take 8-bit ones; chunks take 8-bit ones wherever there is an integer path."""
+    from ellm.compiler.pass_context import auto_activations
+
+    assert auto_activations(resolve_target(preset)) == (steps, "int8")
