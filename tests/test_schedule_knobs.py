@@ -101,6 +101,22 @@ def test_unknown_knob_is_rejected():
         rule.resolve_knobs(req, preset, {"tile_q": 3})
 
 
+def test_attention_input_passes_split_heads_into_half_tiles():
+    """A pass accumulates a run of whole half tiles (8 rows); passes that split a head otherwise are refused
+    (the tuner leaves them out), and 256-bit targets default to one row tile per pass."""
+    from ellm.autotune.tuner import candidates
+    from ellm.schedules.attention_input import passes_fit
+
+    assert passes_fit(64, 8) and passes_fit(128, 8) and passes_fit(80, 2) and passes_fit(96, 4)
+    assert not passes_fit(80, 4) and not passes_fit(64, 3)
+    req, preset = REQUESTS["attention_input"]
+    rule = select_rule(req, preset)
+    hd = PLAN.head_dim
+    assert all(passes_fit(hd, c["passes"]) for c in candidates(rule, req, preset, 100))
+    assert rule.default_knobs(req, V3)["passes"] == hd // 16
+    assert rule.default_knobs(req, SPR)["passes"] == 1
+
+
 def test_quantised_keys_score_with_vpdpbusd():
     """Decode attention over q8 keys: the 16 scores of a tile come from vpdpbusd (twice: the int8 halves of
     the 16-bit query) on key codes transposed by vpermb (4 channels of a key per 32-bit lane); with the knob

@@ -74,10 +74,19 @@ def time_kernel(func, req: KernelRequest, target: TargetPreset, wl: Workload, re
     return statistics.median(timer(*args).results)
 
 
+def _valid(rule, req, target, knobs: dict[str, int]) -> bool:
+    """Whether the rule takes these knobs for this request (some values only fit some shapes)."""
+    try:
+        rule.resolve_knobs(req, target, knobs)
+    except ValueError:
+        return False
+    return True
+
+
 def candidates(rule, req, target, budget: int, seed: int = 0) -> list[dict[str, int]]:
     default = rule.default_knobs(req, target)
     grid = [dict(zip([k.name for k in rule.knobs], vals)) for vals in itertools.product(*[k.choices for k in rule.knobs])]
-    others = [g for g in grid if g != default]
+    others = [g for g in grid if g != default and _valid(rule, req, target, g)]
     random.Random(seed).shuffle(others)
     return [default] + others[: max(0, budget - 1)]
 

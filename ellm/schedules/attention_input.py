@@ -48,6 +48,11 @@ def _rotate(vecs: list, tab, p, half: int, neox: bool, rope_dim: int) -> list:
     return out
 
 
+def passes_fit(hd: int, passes: int) -> bool:
+    """Whether `passes` split a head into equal runs of whole half tiles (8 rows)."""
+    return hd % passes == 0 and (hd // passes) % 8 == 0
+
+
 def build_attention_input(req: KernelRequest, dot: Dot, tokens_per_tile: int, prefetch_bytes: int, prefetch_nta: bool = True,
                           passes: int = 1):
     """`passes`: passes over the inputs per head, each accumulating head_dim / passes rows (a head's 64 or 128
@@ -61,9 +66,9 @@ def build_attention_input(req: KernelRequest, dot: Dot, tokens_per_tile: int, pr
     N, K = req.weight_shape  # (H + 2 Hkv) * hd rows: [q | k | v]
     bits = int(req.attr("act_bits", 8))
     nv = hd // L  # vectors per head
+    assert passes_fit(hd, passes), (hd, passes)
     rows_per_pass = hd // passes
-    assert hd % passes == 0 and rows_per_pass % 8 == 0, (hd, passes)
-    lanes = min(rows_per_pass, L)
+    lanes = L if rows_per_pass % L == 0 else 8  # whole row tiles, or half tiles
     with IRBuilder() as ib:
         with I.prim_func():
             I.func_name("attention_input")
@@ -166,8 +171,8 @@ class AttentionInputRule(Rule):
     def resolve_knobs(self, req: KernelRequest, target: TargetPreset, given: Mapping[str, int] | None) -> dict[str, int]:
         resolved = super().resolve_knobs(req, target, given)
         hd = kv_plan_of(req)[0].head_dim
-        if (hd // resolved["passes"]) % 8:
-            raise ValueError(f"attention_input: {resolved['passes']} passes split head_dim {hd} below 8 rows")
+        if not passes_fit(hd, resolved["passes"]):
+            raise ValueError(f"attention_input: {resolved['passes']} passes do not split head_dim {hd} into runs of 8 rows")
         return resolved
 
     def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
