@@ -68,6 +68,10 @@ def main() -> None:
                 calls[k.name] += 1
                 break
     step = [k for k in step if calls[k.name]]
+    unknown = set(overrides) - {k.rule for k in step}
+    if unknown:
+        raise SystemExit(f"--knob: no kernel of this step uses rule {', '.join(sorted(unknown))} "
+                         f"(rules: {', '.join(sorted({k.rule for k in step}))})")
     bw = measure_read_bandwidth(a.threads)
     llc = max(detect_host().caches.get("L3", 0), 32 << 20)
     set_threads(a.threads)

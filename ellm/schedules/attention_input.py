@@ -25,6 +25,7 @@ from .int_acts import ramp as _ramp
 from .int_kernel import QUANTIZED, Rows, for_token_tiles, micro_kernel, tile_rows
 from .intdot import Dot, dot_for
 
+HALF = L // 2  # rows of a half tile: one ymm register of float32 sums
 SWAP = [i ^ 1 for i in range(L)]  # lane 2i <-> 2i + 1
 DUP = [i // 2 for i in range(L)]  # lane 2i, 2i + 1 <- element i
 
@@ -49,8 +50,8 @@ def _rotate(vecs: list, tab, p, half: int, neox: bool, rope_dim: int) -> list:
 
 
 def passes_fit(hd: int, passes: int) -> bool:
-    """Whether `passes` split a head into equal runs of whole half tiles (8 rows)."""
-    return hd % passes == 0 and (hd // passes) % 8 == 0
+    """Whether `passes` split a head into equal runs of whole half tiles."""
+    return hd % passes == 0 and (hd // passes) % HALF == 0
 
 
 def build_attention_input(req: KernelRequest, dot: Dot, tokens_per_tile: int, prefetch_bytes: int, prefetch_nta: bool = True,
@@ -68,7 +69,7 @@ def build_attention_input(req: KernelRequest, dot: Dot, tokens_per_tile: int, pr
     nv = hd // L  # vectors per head
     assert passes_fit(hd, passes), (hd, passes)
     rows_per_pass = hd // passes
-    lanes = L if rows_per_pass % L == 0 else 8  # whole row tiles, or half tiles
+    lanes = L if rows_per_pass % L == 0 else HALF  # whole row tiles, or half tiles
     with IRBuilder() as ib:
         with I.prim_func():
             I.func_name("attention_input")
@@ -172,7 +173,7 @@ class AttentionInputRule(Rule):
         resolved = super().resolve_knobs(req, target, given)
         hd = kv_plan_of(req)[0].head_dim
         if not passes_fit(hd, resolved["passes"]):
-            raise ValueError(f"attention_input: {resolved['passes']} passes do not split head_dim {hd} into runs of 8 rows")
+            raise ValueError(f"attention_input: {resolved['passes']} passes do not split head_dim {hd} into runs of {HALF} rows")
         return resolved
 
     def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
