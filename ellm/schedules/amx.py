@@ -26,7 +26,7 @@ from ..targets import IsaClass
 from .int_acts import I32, L, Acts, quantize_row
 from .int_acts import ramp as _ramp
 from .int_acts import splat as _splat
-from .int_kernel import Rows, group_size, micro_kernel, operands, scale_update, store_epilogue
+from .int_kernel import Rows, accumulate, group_size, micro_kernel, operands, store_epilogue
 from .int_matmul import int_matmul_applies
 from .intdot import Dot
 
@@ -133,7 +133,7 @@ def build_amx_matmul(req: KernelRequest, emulate: bool = False, tail: Dot = VNNI
             bias = I.arg("bias", I.buffer((N,), "float32")) if has_bias else None
             out = I.arg("out", I.buffer((n_tok, N), "float32"))
             acts = Acts.alloc(n_tok, K, bits)
-            xq, xl, dx, sq = acts.xq, acts.xl, acts.dx, acts.sq
+            xq, xl, dx = acts.xq, acts.xl, acts.dx
             with I.parallel(0, n_tok) as t:
                 quantize_row(x, t, gain, eps, K, acts, t)
             with I.parallel(0, NT) as tile:
@@ -162,9 +162,9 @@ def build_amx_matmul(req: KernelRequest, emulate: bool = False, tail: Dot = VNNI
                             acc = cst[_ramp(i * L)]
                             if xl is not None:  # 16-bit activations: 256 * high + low
                                 acc = (acc << _splat(8, I32)) + cst[_ramp(TOK * L + i * L)]
-                            sqi = sq[t, g * 2] + sq[t, g * 2 + 1] if G == 32 else sq[t, g]
-                            upd = scale_update(qtype, w, Rows(tile), g, acc, dx[t, g * G // 32], sqi)
-                            I.buffer_store(facc, facc[_ramp(i * L)] + upd, [_ramp(i * L)])
+                            new = accumulate(qtype, w, Rows(tile), g, facc[_ramp(i * L)], acc, dx[t, g * G // 32],
+                                             acts.ds(t, g, G))
+                            I.buffer_store(facc, new, [_ramp(i * L)])
                     for i in range(TOK):
                         cols = _ramp(tile * L)
                         v = facc[_ramp(i * L)]

@@ -30,12 +30,15 @@ def splat(v, dtype: str):
 @dataclass(frozen=True)
 class Acts:
     """Quantised activations of a kernel: xq (int8, 16-bit: high bytes), xl (16-bit: low bytes, else None),
-    dx (scale per 32 inputs), sq (sum of the quantised values per 16 inputs). All are [tokens, ...]."""
+    dx (scale per 32 inputs), and dx times the sum of the quantised values per 16 and per 32 inputs (ds16,
+    ds32: for the offset and minimum terms of the weight formats, computed once per token rather than once
+    per row tile). All are [tokens, ...]."""
 
     xq: object
     xl: object
     dx: object
-    sq: object
+    ds16: object
+    ds32: object
 
     @classmethod
     def alloc(cls, n_tok, K: int, bits: int) -> Acts:
@@ -43,8 +46,13 @@ class Acts:
             I.alloc_buffer((n_tok, K), "int8"),
             I.alloc_buffer((n_tok, K), "int8") if bits == 16 else None,
             I.alloc_buffer((n_tok, K // 32), "float32"),
-            I.alloc_buffer((n_tok, K // 16), "int32"),
+            I.alloc_buffer((n_tok, K // 16), "float32"),
+            I.alloc_buffer((n_tok, K // 32), "float32"),
         )
+
+    def ds(self, t, g, G: int):
+        """dx * (sum of the quantised values) of token t over input group g of G (16 or 32) inputs."""
+        return self.ds32[t, g] if G == 32 else self.ds16[t, g]
 
     @property
     def halves(self) -> list:
@@ -58,7 +66,9 @@ def quantize_group(vs, t, b, acts: Acts) -> None:
     qmax = tirx.const(127.0 if xl is None else 32639.0, "float32")
     amax = I.Bind(hmax(tirx.max(tirx.abs(vs[0]), tirx.abs(vs[1]))))
     inv = I.Bind(tirx.Select(amax > tirx.const(0.0, "float32"), qmax / amax, tirx.const(0.0, "float32")))
-    I.buffer_store(acts.dx, amax / qmax, [t, b])
+    dx = I.Bind(amax / qmax)
+    I.buffer_store(acts.dx, dx, [t, b])
+    sums = []
     for h in range(2):
         q = I.Bind(tirx.Cast(I32, tirx.round(vs[h] * splat(inv, F32))))
         cols = ramp(b * 32 + h * L)
@@ -68,7 +78,9 @@ def quantize_group(vs, t, b, acts: Acts) -> None:
             lo = I.Bind(((q + splat(128, I32)) & splat(255, I32)) - splat(128, I32))
             I.buffer_store(xl, tirx.Cast("int8x16", lo), [t, cols])
             I.buffer_store(acts.xq, tirx.Cast("int8x16", (q - lo) >> splat(8, I32)), [t, cols])
-        I.buffer_store(acts.sq, hsum(q), [t, b * 2 + h])
+        sums.append(I.Bind(hsum(q)))
+        I.buffer_store(acts.ds16, dx * tirx.Cast("float32", sums[h]), [t, b * 2 + h])
+    I.buffer_store(acts.ds32, dx * tirx.Cast("float32", sums[0] + sums[1]), [t, b])
 
 
 def quantize_row(x, src_row, gain, eps: float, K: int, acts: Acts, t) -> None:

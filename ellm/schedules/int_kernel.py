@@ -4,11 +4,13 @@ Lane r of every 64-byte weight vector is output row 16 * tile + r, so one load f
 scales are plain vectors. Each group of inputs sharing a weight scale is summed exactly in int32
 (schedules/intdot.py), then scaled into float32 accumulators:
 
-  Q4_0  y += d dx (acc - 8 sq)          Q4_1  y += d dx acc + m dx sq      Q8_0  y += d dx (acc - 128 sq)
-  Q4_K  y += (d sc) dx acc - (dmin mn) dx sq                           Q6_K  y += (d sc) dx (acc - 32 sq)
+  Q4_0  y += d dx acc - 8 d (dx sq)      Q4_1  y += d dx acc + m (dx sq)      Q8_0  y += d dx acc - 128 d (dx sq)
+  Q4_K  y += (d sc) dx acc - (dmin mn) (dx sq)                         Q6_K  y += (d sc) dx acc - 32 (d sc) (dx sq)
 
-(acc: sum of code x xq over the group, sq: sum of xq, dx: the activation scale.) The only error is the
-rounding of activations (schedules/int_acts.py).
+(acc: sum of code x xq over the group, sq: sum of xq, dx: the activation scale; dx sq is computed once per
+token and group, schedules/int_acts.py, so the weight-side factors are the same for every token of a tile.)
+The error is the rounding of activations, then float32 rounding (2**-24 relative) of acc and of the two
+products, which the offset formats' cancellation (acc against 8 sq, say) magnifies by at most its ratio.
 """
 
 from __future__ import annotations
@@ -100,34 +102,29 @@ def group_size(qtype: QuantType) -> int:
     return 16 if qtype is QuantType.Q6_K else 32
 
 
-def scale_update(qtype: QuantType, w, rows: Rows, g, acc, dx, sq) -> tirx.PrimExpr:
-    """What one group adds to the float32 accumulator of `rows`: acc (int32 lanes), dx (f32 scalar), sq (int32
-    scalar)."""
+def accumulate(qtype: QuantType, w, rows: Rows, g, facc, acc, dx, ds) -> tirx.PrimExpr:
+    """The float32 accumulator of `rows` after input group g: facc plus the group's scaled integer sum `acc`
+    (int32 lanes); dx (the group's activation scale) and ds (dx times the sum of its quantised activations:
+    Acts.ds) are f32 scalars. Two multiply-adds per token: the weight-side factors do not depend on it."""
     F = rows.vec("float32")
     f = lambda v: tirx.Cast(F, v)  # noqa: E731
     tile, lanes = rows.tile, rows.lanes
-    dxv = rows.splat(dx, "float32")
-    i32 = lambda v: rows.splat(v, "int32")  # noqa: E731
-    if qtype is QuantType.Q4_0:
-        return f(w["d"][tile, g, lanes]) * dxv * f(acc - i32(sq * 8))
-    if qtype is QuantType.Q8_0:
-        return f(w["d"][tile, g, lanes]) * dxv * f(acc - i32(sq * 128))
-    if qtype is QuantType.Q4_1:
-        return f(w["d"][tile, g, lanes]) * dxv * f(acc) + f(w["m"][tile, g, lanes]) * rows.splat(dx * tirx.Cast("float32", sq), "float32")
-    if qtype is QuantType.Q4_K:
+    dxv, dsv = rows.splat(dx, "float32"), rows.splat(ds, "float32")
+    if qtype in (QuantType.Q4_0, QuantType.Q8_0, QuantType.Q4_1):
+        scale = f(w["d"][tile, g, lanes])
+        offset = {QuantType.Q4_0: -8.0, QuantType.Q8_0: -128.0}.get(qtype)
+        shift = scale * rows.splat(offset, "float32") if offset is not None else f(w["m"][tile, g, lanes])
+    elif qtype is QuantType.Q4_K:
         sb = g // 8
         scale = f(w["d"][tile, sb, lanes]) * f(w["sc"][tile, g, lanes])
-        minimum = f(w["dmin"][tile, sb, lanes]) * f(w["mn"][tile, g, lanes])
-        return scale * dxv * f(acc) - minimum * rows.splat(dx * tirx.Cast("float32", sq), "float32")
-    if qtype is QuantType.Q6_K:
+        shift = -(f(w["dmin"][tile, sb, lanes]) * f(w["mn"][tile, g, lanes]))
+    elif qtype is QuantType.Q6_K:
         scale = f(w["d"][tile, g // 16, lanes]) * f(w["sc"][tile, g, lanes])
-        return scale * dxv * f(acc - i32(sq * 32))
-    raise AssertionError(qtype)
-
-
-def group_sq(acts: Acts, t, g, G: int):
-    """Sum of token t's quantised activations over input group g (of G inputs)."""
-    return acts.sq[t, g * 2] + acts.sq[t, g * 2 + 1] if G == 32 else acts.sq[t, g]
+        shift = scale * rows.splat(-32.0, "float32")
+    else:
+        raise AssertionError(qtype)
+    # y += scale dx acc + shift dx sq (shift: the code offset or the minimum, times the scale)
+    return facc + (scale * dxv) * f(acc) + shift * dsv
 
 
 def for_token_tiles(m, n_tok, tokens_per_tile: int, body) -> None:
@@ -194,11 +191,10 @@ def micro_kernel(dot: Dot, qtype, w, slots: list[Rows], t0, tt: int, K: int, act
                         sums.add(i * ns + j, h, a, factors, op.cmax, op.shift)
         sums.flush()
         for i in range(tt):
-            dxi = acts.dx[t0 + i, g * G // 32]
-            sqi = group_sq(acts, t0 + i, g, G)
+            dxi, dsi = acts.dx[t0 + i, g * G // 32], acts.ds(t0 + i, g, G)
             for j, r in enumerate(slots):
-                upd = scale_update(qtype, w, r, g, I.Bind(sums.total(i * ns + j)), dxi, sqi)
-                I.buffer_store(facc[i][j], facc[i][j][whole] + upd, [whole])
+                new = accumulate(qtype, w, r, g, facc[i][j][whole], I.Bind(sums.total(i * ns + j)), dxi, dsi)
+                I.buffer_store(facc[i][j], new, [whole])
     if finish is not None:
         finish([[facc[i][j][whole] for j in range(ns)] for i in range(tt)])
         return
