@@ -147,8 +147,9 @@ def block_bounds_ref(plan: KVPlan, layer: int, ks: np.ndarray, q: np.ndarray, h:
 
 
 def sparse_ref(plan: KVPlan, layer: int, k: np.ndarray, v: np.ndarray, q: np.ndarray, t: int, H: int,
-               sinks: int, window: int, topk: int, int_scores: bool, widen: int = 0, margin: float = 0.0) -> np.ndarray:
-    """Block-sparse attention of one query at position t: sink blocks, the block-aligned window, and the
+               sinks: int, window: int, topk: int, int_bits: int, widen: int = 0, margin: float = 0.0
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(output, slack) as attend_ref, of block-sparse attention of one query at position t: sink blocks, the block-aligned window, and the
     top-K remote blocks by bound, each KV head choosing for its G query heads; then widening: while the
     best unread candidate's bound exceeds the lowest of the G heads' best scores minus `margin`, read it
     (at most `widen` blocks, in decreasing bound order)."""
@@ -156,7 +157,7 @@ def sparse_ref(plan: KVPlan, layer: int, k: np.ndarray, v: np.ndarray, q: np.nda
     G = H // k.shape[0]
     rd = np.dtype(plan.ring_dtype)
     raw = k[:, : t + 1].astype(rd).astype(np.float64)
-    s = scores_ref(plan, layer, k, q, t, H, int_scores)
+    s = scores_ref(plan, layer, k, q, t, H, int_bits)
     keys = []
     for h in range(k.shape[0]):
         bounds = {}
@@ -173,7 +174,7 @@ def sparse_ref(plan: KVPlan, layer: int, k: np.ndarray, v: np.ndarray, q: np.nda
                 read |= set(range(b * B, (b + 1) * B))
             kept = np.array(sorted(read))
         keys.append(kept)
-    return attend_ref(plan, layer, k, v, q, t, H, int_scores, keys)
+    return attend_ref(plan, layer, k, v, q, t, H, int_bits, keys)
 
 
 def sparse_keys(plan: KVPlan, t: int, sinks: int, window: int, topk: int, bounds_of) -> np.ndarray:
@@ -187,10 +188,16 @@ def sparse_keys(plan: KVPlan, t: int, sinks: int, window: int, topk: int, bounds
     return np.concatenate([np.arange(sb * B)] + [np.arange(b * B, (b + 1) * B) for b in chosen] + [np.arange(wb * B, n_ctx)])
 
 
-def scores_ref(plan: KVPlan, layer: int, k: np.ndarray, q: np.ndarray, t: int, H: int, int_scores: bool) -> np.ndarray:
+def qmax_of(bits: int) -> int:
+    """The rounded values' largest magnitude: 127 * 256 for 16 bits (two int8 halves), 127 for 8."""
+    return 127 * 256 if bits == 16 else 127
+
+
+def scores_ref(plan: KVPlan, layer: int, k: np.ndarray, q: np.ndarray, t: int, H: int, int_bits: int) -> np.ndarray:
     """[H, t + 1] scaled scores of query q [H * hd] at position t, as the kernels compute them. With
-    `int_scores`, keys of quantised store blocks score as kc + qf * sum_d q16_d code_d: q * scale rounded
-    to 16 bits per head and block (qf = max |q * scale| / (127 * 256)), the sum exact."""
+    `int_bits` (the integer paths: 16 or 8; 0: float), keys of quantised store blocks score as
+    kc + qf * sum_d qi_d code_d: q * scale rounded to int_bits bits per head and block
+    (qf = max |q * scale| / qmax_of(int_bits)), the sum exact."""
     B, hd = plan.block, plan.head_dim
     Hkv = k.shape[0]
     G = H // Hkv
@@ -198,7 +205,7 @@ def scores_ref(plan: KVPlan, layer: int, k: np.ndarray, q: np.ndarray, t: int, H
     qs = (q.astype(np.float32) * np.float32(1.0 / np.sqrt(hd))).reshape(H, hd)
     s = np.stack([ks[h // G] @ qs[h].astype(np.float64) for h in range(H)])
     kt = plan.k[layer]
-    if not int_scores or kt.is_float:
+    if not int_bits or kt.is_float:
         return s
     rd = np.dtype(plan.ring_dtype)
     for b in range(max(0, t // B - plan.recent + 1)):  # blocks read from the store
@@ -207,29 +214,34 @@ def scores_ref(plan: KVPlan, layer: int, k: np.ndarray, q: np.ndarray, t: int, H
             codes, mn, sc = quantise_codes(raw[h // G].T, kt)  # [hd, B], [hd], [hd]
             qk = qs[h] * sc  # float32, as the kernel folds the scales into the query
             amax = np.abs(qk).max()
-            q16 = np.float32(127 * 256)
-            inv = q16 / amax if amax > 0 else np.float32(0.0)
+            qmax = np.float32(qmax_of(int_bits))
+            inv = qmax / amax if amax > 0 else np.float32(0.0)
             qi = np.floor(qk * inv + np.float32(0.5))
             kc = (qs[h].astype(np.float64) * mn).sum()
-            s[h, b * B : (b + 1) * B] = kc + np.float64(amax / q16) * (qi.astype(np.float64) @ codes)
+            s[h, b * B : (b + 1) * B] = kc + np.float64(amax / qmax) * (qi.astype(np.float64) @ codes)
     return s
 
 
 def attend_ref(plan: KVPlan, layer: int, k: np.ndarray, v: np.ndarray, q: np.ndarray, t: int, H: int,
-               int_scores: bool, keys: list | None = None) -> np.ndarray:
-    """One query [H * hd] at position t over the keys in keys[kv head] (default: all t + 1): float64
-    softmax of scores_ref over the visible values. With `int_scores` (the integer paths), quantised store
-    blocks of values sum as p_j min_j + w_j code_j with w_j = p_j scale_j rounded to 16 bits relative to
-    the block's largest w (as the kernels' vpdpbusd path does)."""
+               int_bits: int, keys: list | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(output, slack): one query [H * hd] at position t over the keys in keys[kv head] (default: all t + 1),
+    float64 softmax of scores_ref over the visible values. With `int_bits` (the integer paths), quantised
+    store blocks of values sum as p_j min_j + w_j code_j with w_j = p_j scale_j rounded to int_bits bits
+    relative to the block's largest w (as the kernels' integer path does).
+
+    The kernels compute p_j in float32 (their own exp), so a w_j within float32 noise of a rounding tie may
+    round the other way there: `slack` [H * hd] is what such ties can move the output by (one step f of the
+    rounding times the largest code, over the softmax sum, per tie). At 16 bits it is negligible; at 8 bits a
+    single tie is a few 1e-4."""
     B, hd = plan.block, plan.head_dim
     G = H // k.shape[0]
     _, vs = visible(plan, layer, k, v, t)
-    s = scores_ref(plan, layer, k, q, t, H, int_scores)
+    s = scores_ref(plan, layer, k, q, t, H, int_bits)
     vt = plan.v[layer]
-    stored = max(0, t // B - plan.recent + 1) if int_scores and not vt.is_float else 0
+    stored = max(0, t // B - plan.recent + 1) if int_bits and not vt.is_float else 0
     rd = np.dtype(plan.ring_dtype)
     quant = [[quantise_codes(v[h, b * B : (b + 1) * B].astype(rd), vt) for b in range(stored)] for h in range(k.shape[0])]
-    out = np.zeros(H * hd)
+    out, slack = np.zeros(H * hd), np.zeros(H * hd)
     for h in range(H):
         idx = np.arange(t + 1) if keys is None else keys[h // G]
         p = np.exp(s[h, idx] - s[h, idx].max())
@@ -238,7 +250,10 @@ def attend_ref(plan: KVPlan, layer: int, k: np.ndarray, v: np.ndarray, q: np.nda
             codes, mn, sc = quant[h // G][b]  # [B, hd], [B], [B]
             pb = p[(idx >= b * B) & (idx < (b + 1) * B)]
             w = pb * sc
-            f = w.max() / (127 * 256)
+            f = w.max() / qmax_of(int_bits)
             o += pb @ mn + (np.floor(w / f + 0.5) * f if f > 0 else w) @ codes
+            if f > 0:
+                ties = np.abs((w / f) % 1.0 - 0.5) < 1e-4
+                slack[h * hd : (h + 1) * hd] += ties.sum() * f * vt.qmax / p.sum()
         out[h * hd : (h + 1) * hd] = o / p.sum()
-    return out
+    return out, slack

@@ -14,12 +14,35 @@ from kernels import ISA_PRESETS, PRESET, build, build_request, isa_params, needs
 from kvcache import attend_ref, cache_attrs, empty_state, layer_args, quantise_ref, sparse_ref, stored_block
 
 from ellm.kv.attention import AttentionConfig
+from ellm.schedules.attention import default_int_bits
 from ellm.targets import IsaClass
 
 DENSE = AttentionConfig.dense().as_array()
-# quantised blocks scored and summed in int32 (the query and the weights rounded to 16 bits) on every target
-# with integer dot products; the NumPy model rounds as they do
-INT = PRESET.isa is not None
+
+
+def _order_tol() -> float:
+    """Prefill against decode on the host: the same blocks and arithmetic, only the summation order differs
+    (split-K partials, then a merge). With 8-bit value weights that order can tip a weight at a rounding tie
+    by one step (1/127 of its block's largest weight): a few 1e-4 on the test data; float32 noise with 16 bits."""
+    return 5e-4 if int_bits() == 8 else 5e-5
+
+
+def excess(got: np.ndarray, ref: tuple[np.ndarray, np.ndarray]) -> float:
+    """How far `got` is from the NumPy model's output beyond the model's rounding slack (kvcache.attend_ref)."""
+    want, slack = ref
+    return float((np.abs(got - want) - slack).max())
+
+
+def int_bits(preset=None) -> int:
+    """What a target's attention kernels round the query and value weights to before their integer dot products
+    (0: float scores and values, no integer path); the NumPy model rounds as they do."""
+    preset = preset or PRESET
+    return default_int_bits(preset) if preset.isa is not None else 0
+
+
+ORDER_TOL = _order_tol()
+
+
 # the integer attention of each dot-product class, where the host can run it (the host's own is PRESET)
 INT_CLASSES = (IsaClass.AVX2, IsaClass.AVX_VNNI, IsaClass.AVX512_VNNI)
 CLASSES = isa_params(*INT_CLASSES)
@@ -92,7 +115,7 @@ def test_append_age_and_attend(kt, vt, preset):
     plan = KVPlan.uniform(2, Hkv, hd, kt, vt, max_chunk=100, block=64, recent=2)
     append_req, (pre_req, dec_req) = _requests(plan, H, layer)
     f_app, f_pre, f_dec = _kernels(append_req, pre_req, dec_req, 128, preset)
-    rng = np.random.default_rng(hash((kt, vt)) % 2**32)
+    rng = np.random.default_rng([ord(c) for c in kt.value + vt.value])  # hash() of enums changes per process
     ctx = 600
     k_all = (rng.standard_normal((Hkv, ctx, hd)) * 2).astype(np.float32)
     v_all = rng.standard_normal((Hkv, ctx, hd)).astype(np.float32)
@@ -108,8 +131,7 @@ def test_append_age_and_attend(kt, vt, preset):
         out = tvm.runtime.tensor(np.zeros((n, H * hd), np.float32))
         (f_dec if n == 1 else f_pre)(tvm.runtime.tensor(q), *args, tvm.runtime.tensor(DENSE), pos, layer, kslot, vslot, out)
         for i in range(n):
-            want = attend_ref(plan, layer, k_all, v_all, q[i], pos + i, H, INT)
-            worst = max(worst, np.abs(out.numpy()[i] - want).max())
+            worst = max(worst, excess(out.numpy()[i], attend_ref(plan, layer, k_all, v_all, q[i], pos + i, H, int_bits(preset))))
         pos += n
     assert worst < 2e-4, worst
     # every completed block sits in the store exactly as the model quantises it
@@ -151,7 +173,7 @@ def test_long_context_decode(kt, vt, chunk, preset):
     q = rng.standard_normal((1, H * hd)).astype(np.float32)
     out = tvm.runtime.tensor(np.zeros((1, H * hd), np.float32))
     f_dec(tvm.runtime.tensor(q), *args, tvm.runtime.tensor(DENSE), ctx - 1, layer, 0, 0, out)
-    assert np.abs(out.numpy()[0] - attend_ref(plan, layer, k_all, v_all, q[0], ctx - 1, H, INT)).max() < 2e-4
+    assert excess(out.numpy()[0], attend_ref(plan, layer, k_all, v_all, q[0], ctx - 1, H, int_bits(preset))) < 2e-4
 
 
 def _filled(plan, layer, ctx, seed, step=100):
@@ -197,12 +219,11 @@ def test_sparse_attention_reads_sinks_window_and_top_k(kt, vt):
         out = tvm.runtime.tensor(np.zeros((n, H * 64), np.float32))
         f_pre(tvm.runtime.tensor(q), *args, cfg, pos, 0, *slots, out)
         for i in range(0, n, 7):
-            ref = sparse_ref(plan, 0, k, v, q[i], pos + i, H, sinks, window, topk, INT)
-            worst = max(worst, np.abs(out.numpy()[i] - ref).max())
+            worst = max(worst, excess(out.numpy()[i], sparse_ref(plan, 0, k, v, q[i], pos + i, H, sinks, window, topk, int_bits())))
     q = rng.standard_normal((1, H * 64)).astype(np.float32)
     out = tvm.runtime.tensor(np.zeros((1, H * 64), np.float32))
     f_dec(tvm.runtime.tensor(q), *args, cfg, ctx - 1, 0, *slots, out)
-    worst = max(worst, np.abs(out.numpy()[0] - sparse_ref(plan, 0, k, v, q[0], ctx - 1, H, sinks, window, topk, INT)).max())
+    worst = max(worst, excess(out.numpy()[0], sparse_ref(plan, 0, k, v, q[0], ctx - 1, H, sinks, window, topk, int_bits())))
     assert worst < 2e-4, worst
 
 
@@ -225,9 +246,9 @@ def test_widening_reads_the_next_blocks_by_bound(margin):
     one = tvm.runtime.tensor(np.zeros((1, H * 64), np.float32))
     f_dec(tvm.runtime.tensor(q[3:]), *args, arr, ctx - 1, 0, *slots, one)
     for i in range(4):
-        want = sparse_ref(plan, 0, k, v, q[i], ctx - 4 + i, H, cfg.sinks, cfg.window, cfg.topk, INT, cfg.widen, margin)
-        assert np.abs(out.numpy()[i] - want).max() < 2e-4
-    assert np.abs(one.numpy()[0] - out.numpy()[3]).max() < 5e-5
+        want = sparse_ref(plan, 0, k, v, q[i], ctx - 4 + i, H, cfg.sinks, cfg.window, cfg.topk, int_bits(), cfg.widen, margin)
+        assert excess(out.numpy()[i], want) < 2e-4
+    assert np.abs(one.numpy()[0] - out.numpy()[3]).max() < ORDER_TOL
 
 
 @pytest.mark.parametrize("kt,vt", [(F16, F16), (Q4, Q4)])
@@ -268,5 +289,4 @@ def test_prefill_equals_decode_token_by_token():
     one = tvm.runtime.tensor(np.zeros((1, H * 64), np.float32))
     for i in range(0, 100, 9):
         f_dec(tvm.runtime.tensor(q[i : i + 1]), *args, cfg, pos + i, 0, *slots, one)
-        # the same blocks and arithmetic; only the summation order differs (split-K partials, then a merge)
-        assert np.abs(one.numpy()[0] - out.numpy()[i]).max() < 5e-5
+        assert np.abs(one.numpy()[0] - out.numpy()[i]).max() < ORDER_TOL

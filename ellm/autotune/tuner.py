@@ -23,6 +23,7 @@ from ..config import ModelConfig
 from ..models import resolve_model
 from ..schedules import KernelRequest, rule_by_name
 from ..targets import TargetPreset, detect_host, resolve_target
+from ..kv.attention import AttentionConfig
 from ..kv.plan import KVPlan
 from .database import TuningDatabase, TuningRecord
 
@@ -51,7 +52,9 @@ def _inputs(func, req: KernelRequest, wl: Workload, rng) -> list:
         if not isinstance(p.ty, tvm.ir.PrimType):  # a buffer parameter
             shape = [int(d) if isinstance(d, (int, tvm.tirx.IntImm)) else sizes[str(d.name)] for d in p.shape]
             dtype = str(p.dtype)
-            if dtype.startswith("float"):
+            if str(p.name) == "attn":  # the run-time attention settings: the defaults, as a run has them
+                arr = AttentionConfig().as_array()
+            elif dtype.startswith("float"):
                 arr = (rng.standard_normal(shape) * 0.1).astype(dtype)
             elif dtype == "int32":  # token ids
                 arr = np.zeros(shape, np.int32)

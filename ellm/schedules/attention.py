@@ -40,12 +40,12 @@ def kv_plan_of(req: KernelRequest) -> tuple[KVPlan, KVType, KVType]:
 
 
 def build_attention(req: KernelRequest, chunk: int, dot: Dot | None = None, int_scores: bool = False,
-                    int_values: bool = False, prefetch: int = 0):
+                    int_values: bool = False, prefetch: int = 0, int_bits: int = 16):
     """`chunk` > 0 splits the keys of single-token steps into chunks of that many keys (whole blocks).
     With `dot` (the target's integer dot products): `int_scores`, quantised key blocks are scored in int32
-    against the query rounded to 16 bits; `int_values`, quantised value blocks are summed in int32, the
-    weights rounded to 16 bits. `prefetch` > 0: decode prefetches the stored block that many items ahead
-    in its read list."""
+    against the query rounded to `int_bits` bits (16 or 8); `int_values`, quantised value blocks are summed
+    in int32, the weights rounded to `int_bits` bits. `prefetch` > 0: decode prefetches the stored block
+    that many items ahead in its read list."""
     plan, kt, vt = kv_plan_of(req)
     hd, Hkv = plan.head_dim, plan.n_kv_heads
     H = int(req.attr("n_heads"))
@@ -57,7 +57,7 @@ def build_attention(req: KernelRequest, chunk: int, dot: Dot | None = None, int_
             I.func_attr({"tirx.noalias": True})
             n = req.m if req.m is not None else tirx.Var("T", "int64")
             q = I.arg("q", I.buffer((n, H * hd), "float32"))  # [T, n_heads * head_dim], rotated
-            kv = KVBuffers.declare(plan, kt, vt, dot, int_scores, int_values)
+            kv = KVBuffers.declare(plan, kt, vt, dot, int_scores, int_values, int_bits)
             attn = I.arg("attn", I.buffer((5,), "float32"))  # [sinks, window, topk, widen, margin]
             pos, layer, kslot, vslot = KVBuffers.step_args()
             out = I.arg("out", I.buffer((n, H * hd), "float32"))
@@ -81,8 +81,8 @@ def _prefill(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: i
         kvh = task % Hkv
         t = I.Bind(tirx.Select(r % 2 == 0, r // 2, n - 1 - r // 2))
         sh = ReadShape(kv, attn, pos + t + 1)
-        qy = Query(q, t, kvh * G, G, hd, scale, kv.int_scores)
-        states = [State(hd, kv.block) for _ in range(G)]
+        qy = Query(q, t, kvh * G, G, hd, scale, kv.query_bits)
+        states = [State(hd, kv.block, kv.int_bits) for _ in range(G)]
         count = I.alloc_buffer((1,), "int32")
         thr = I.alloc_buffer((1,), "float32")
         I.buffer_store(count, tirx.const(0, "int32"), [0])
@@ -134,8 +134,8 @@ def _decode(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: in
     with I.parallel(0, Hkv * n_chunks) as task:
         kvh = task // n_chunks
         c = task % n_chunks
-        qy = Query(q, 0, kvh * G, G, hd, scale, kv.int_scores)
-        states = [State(hd, kv.block) for _ in range(G)]
+        qy = Query(q, 0, kvh * G, G, hd, scale, kv.query_bits)
+        states = [State(hd, kv.block, kv.int_bits) for _ in range(G)]
         cnt = I.Bind(opaque(tirx.Select(sh.dense == 1, tirx.IntImm("int64", 0), tirx.Cast("int64", n_list[kvh]))))
         end = I.Bind(opaque(n_items(sh, cnt)))
         with I.serial(c * bpc, tirx.min(c * bpc + bpc, end)) as i:
@@ -154,7 +154,7 @@ def _decode(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: in
             for cc in range(hd // L):
                 I.buffer_store(part_acc, st.acc[ramp(cc * L)], [ramp((task * G + g) * hd + cc * L)])
     with I.parallel(0, Hkv) as kvh:
-        states = [State(hd, kv.block) for _ in range(G)]
+        states = [State(hd, kv.block, kv.int_bits) for _ in range(G)]
         for g, st in enumerate(states):
             with I.serial(0, n_chunks) as c:
                 I.buffer_store(st.m, tirx.max(st.m[0], part_st[((kvh * n_chunks + c) * G + g) * 2]), [0])
@@ -166,7 +166,7 @@ def _decode(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: in
                     I.buffer_store(st.acc, st.acc[ramp(cc * L)] + part_acc[ramp(base * hd + cc * L)] * bc(w), [ramp(cc * L)])
         with I.If(sh.dense == 0):
             with I.Then():
-                qy = Query(q, 0, kvh * G, G, hd, scale, kv.int_scores)
+                qy = Query(q, 0, kvh * G, G, hd, scale, kv.query_bits)
                 thr = I.alloc_buffer((1,), "float32")
                 I.buffer_store(thr, thrs[kvh], [0])
                 widen(kv, qy, layer, kslot, vslot, kvh, sh, bounds, kvh * NBp, thr, lasts[kvh], states, sel, kvh * kv.nb,
@@ -178,7 +178,26 @@ def _applies(req: KernelRequest) -> bool:
     return req.kind is OpKind.ATTENTION and req.in_cols[0] is None and req.attr("kv_plan") is not None
 
 
-class AttentionDecodeRule(Rule):
+INT_BITS = Knob("int_bits", 16, (8, 16), "bits the query and the value weights are rounded to for integer dot products")
+
+
+def default_int_bits(target: TargetPreset) -> int:
+    """For requests that do not say (compiled models do: the plan_kv_cache pass follows the step activations):
+    16 where dot products are 512 bits wide; 8 with 256-bit ones, where attention at long context is
+    compute-bound and 16-bit factors (two int8 halves) double its dot products, as auto_activations splits
+    the one-token matmuls."""
+    dot = dot_for(target)
+    return 16 if dot is None or dot.width == 512 else 8
+
+
+class _AttentionRule(Rule):
+    def default_knobs(self, req: KernelRequest, target: TargetPreset) -> dict[str, int]:
+        knobs = super().default_knobs(req, target)
+        knobs["int_bits"] = int(req.attr("int_bits", default_int_bits(target)))
+        return knobs
+
+
+class AttentionDecodeRule(_AttentionRule):
     """One token: split-K over (KV head, key chunk) tasks, then a merge."""
 
     name = "attention_decode"
@@ -187,6 +206,7 @@ class AttentionDecodeRule(Rule):
         Knob("int_scores", 1, (0, 1), "score quantised key blocks with integer dot products"),
         Knob("int_values", 1, (0, 1), "sum quantised value blocks with integer dot products"),
         Knob("prefetch", 1, (0, 1, 2), "prefetch the stored block this many items ahead in the read list (0: off)"),
+        INT_BITS,
     )
 
     def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
@@ -194,16 +214,17 @@ class AttentionDecodeRule(Rule):
 
     def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
         return build_attention(req, knobs["chunk"], dot_for(target), bool(knobs["int_scores"]), bool(knobs["int_values"]),
-                               knobs["prefetch"])
+                               knobs["prefetch"], knobs["int_bits"])
 
 
-class AttentionPrefillRule(Rule):
+class AttentionPrefillRule(_AttentionRule):
     """A chunk of tokens: tasks over (query row, KV head), causal."""
 
     name = "attention"
+    knobs = (INT_BITS,)
 
     def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
         return req.m != 1 and _applies(req)
 
     def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
-        return build_attention(req, 0, dot_for(target), True, True)
+        return build_attention(req, 0, dot_for(target), True, True, int_bits=knobs["int_bits"])

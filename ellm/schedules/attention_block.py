@@ -3,10 +3,11 @@
 Scores: keys are stored transposed ([hd, 16] per tile), so 16 keys score as one vector. Quantised keys (per
 channel: min, scale) score as sum_d q_d min_d + sum_d (q_d scale_d) code_d; on the integer path the second
 sum runs exactly in int32 (schedules/intdot.py: vpdpbusd, or vpmaddubsw + vpmaddwd on AVX2) against the
-query times the scales rounded to 16 bits (two int8 halves). Values: sum_j p_j v_j; quantised values (per
-token: min, scale) as sum_j p_j min_j + sum_j (p_j scale_j) code_j, the mins' share one vector per head,
-and on the integer path the weights p_j scale_j rounded to 16 bits per block and summed in int32 over 4
-keys per 32-bit lane. Each K and V vector is loaded and converted once for the G heads.
+query times the scales rounded to `kv.int_bits` bits (16: two int8 halves; 8: one, half the dot products).
+Values: sum_j p_j v_j; quantised values (per token: min, scale) as sum_j p_j min_j + sum_j (p_j scale_j)
+code_j, the mins' share one vector per head, and on the integer path the weights p_j scale_j rounded to
+`kv.int_bits` bits per block and summed in int32 over 4 keys per 32-bit lane. Each K and V vector is
+loaded and converted once for the G heads.
 """
 
 from __future__ import annotations
@@ -38,15 +39,15 @@ class State:
     """Online-softmax state of one query head: small separate stack buffers, so LLVM keeps them in
     registers (TVM puts buffers over 1 KiB on the heap, where every update becomes a store)."""
 
-    def __init__(self, hd: int, B: int):
+    def __init__(self, hd: int, B: int, int_bits: int = 16):
         self.m = I.alloc_buffer((1,), "float32")  # running max
         self.l = I.alloc_buffer((1,), "float32")  # running sum
         self.acc = I.alloc_buffer((hd,), "float32")  # sum_j p_j v_j, less the quantised values' mins
         self.mv = I.alloc_buffer((L,), "float32")  # sum_j p_j min_j of quantised values, lanes summed at fold
         self.s = I.alloc_buffer((B,), "float32")  # scores of the current block
         self.p = I.alloc_buffer((B,), "float32")  # their probabilities (quantised V: times the value scales)
-        self.whi = I.alloc_buffer((B,), "int8")  # quantised V, integer path: p * scale rounded to 16 bits,
-        self.wlo = I.alloc_buffer((B,), "int8")  # in two int8 halves, times wf
+        # quantised V, integer path: p * scale rounded to int_bits bits (16: two int8 halves), times wf
+        self.w = _halves_of((B,), int_bits)
         self.wf = I.alloc_buffer((1,), "float32")
         self.hd = hd
         I.buffer_store(self.m, f32(NEG), [0])
@@ -63,18 +64,22 @@ class State:
         I.buffer_store(self.mv, bc(f32(0.0)), [ramp(0)])
 
 
+def _halves_of(shape, bits: int) -> list:
+    """int8 buffers holding values rounded to `bits` bits: [high, low] for 16, [value] for 8."""
+    return [I.alloc_buffer(shape, "int8") for _ in range(bits // 8)]
+
+
 class Query:
     """Query heads head0 .. head0+G-1 of token t, scaled by 1/sqrt(hd): qs[g * hd + d]; qk holds q times the
     key scales of the current block (quantised K) and kc[g] = sum_d q_d min_d."""
 
-    def __init__(self, q, t, head0, G: int, hd: int, scale: float, int_scores: bool = False):
+    def __init__(self, q, t, head0, G: int, hd: int, scale: float, int_bits: int = 0):
         self.G, self.hd = G, hd
         self.qs = I.alloc_buffer((G * hd,), "float32")
         self.qk = I.alloc_buffer((G * hd,), "float32")
         self.kc = I.alloc_buffer((G,), "float32")
-        if int_scores:  # qk rounded to 16 bits per head and block, qk ~ qf[g] * (256 qhi + qlo), int8 halves
-            self.qhi = I.alloc_buffer((G * hd,), "int8")
-            self.qlo = I.alloc_buffer((G * hd,), "int8")
+        if int_bits:  # qk rounded to int_bits bits per head and block: qk ~ qf[g] * (256 qhi + qlo) or qf[g] * q8
+            self.qi = _halves_of((G * hd,), int_bits)
             self.qf = I.alloc_buffer((G,), "float32")
         for g in range(G):
             for c in range(hd // L):
@@ -112,7 +117,7 @@ def attend_block(kv: KVBuffers, qy: Query, layer, kslot, vslot, kvh, b, limit, r
 
     with I.serial(0, B // L) as sub:  # scores, 16 keys at a time (ring: stale keys past the limit masked below)
         if int_scores:  # sum_d q16_d code_d exactly in int32, 4 channels per dot product and half
-            sums = GroupSum(kv.dot, G, 2)
+            sums = GroupSum(kv.dot, G, len(qy.qi))
             sums.zero()
             run = _run(kv.dot, hd // 4, kt.qmax)
             with I.serial(0, hd // 4 // run) as wo:
@@ -120,7 +125,7 @@ def attend_block(kv: KVBuffers, qy: Query, layer, kslot, vslot, kvh, b, limit, r
                     w = wo * run + wi
                     raw = I.Bind(k_codes_group_u8(kv.k_store, (kslot, kvh, b), kt, sub, w))
                     for g in range(G):
-                        _add_halves(sums, g, raw, kt.qmax, (qy.qhi, qy.qlo), g * hd + 4 * w)
+                        _add_halves(sums, g, raw, kt.qmax, qy.qi, g * hd + 4 * w)
                 sums.flush()
             for g, st in enumerate(states):
                 I.buffer_store(st.s, bc(qy.kc[g]) + bc(qy.qf[g]) * tirx.Cast(F32, sums.total(g)), [ramp(sub * L)])
@@ -177,8 +182,8 @@ def _float_values(kv: KVBuffers, layer, vslot, kvh, b, slot, limit, ring: bool, 
 
 def _quantised_values(kv: KVBuffers, vslot, kvh, b, states) -> None:
     """acc += p_j (min_j + scale_j code_j) over a stored block (always complete): the mins' share as one
-    vector, the codes' with weights w_j = p_j scale_j. Integer path: w rounded to 16 bits per head and
-    block (wf = max w / Q16, two int8 halves) and summed over 4 keys per vpdpbusd, as the scores are."""
+    vector, the codes' with weights w_j = p_j scale_j. Integer path: w rounded to kv.int_bits bits per head
+    and block (wf = max w / qmax_of(bits)) and summed over 4 keys per vpdpbusd, as the scores are."""
     B, hd, vt = kv.block, kv.plan.head_dim, kv.vt
     idx = (vslot, kvh, b)
     for st in states:
@@ -189,7 +194,7 @@ def _quantised_values(kv: KVBuffers, vslot, kvh, b, states) -> None:
             I.buffer_store(st.mv, st.mv[ramp(0)] + p * mn, [ramp(0)])
             I.buffer_store(st.p, p * sc, [ramp(sub * L)])
         if kv.int_values:
-            _split16([st.p[ramp(sub * L)] for sub in range(B // L)], st.whi, st.wlo, st.wf)
+            _split([st.p[ramp(sub * L)] for sub in range(B // L)], st.w, st.wf)
     if not kv.int_values:
         with I.serial(0, B // 4) as g:
             groups = [I.Bind(v_group_u8(kv.v_store, idx, vt, c, g)) for c in range(hd // L)]
@@ -204,7 +209,7 @@ def _quantised_values(kv: KVBuffers, vslot, kvh, b, states) -> None:
     groups = B // 4 // per
     run = _run(kv.dot, groups, vt.qmax)
     with I.serial(0, hd // L, unroll=False) as c:  # rolled: the unrolled key groups inside are enough code
-        sums = GroupSum(kv.dot, len(states), 2)
+        sums = GroupSum(kv.dot, len(states), kv.int_bits // 8)
         sums.zero()
         with I.serial(0, groups // run) as mo:
             for mi in range(run):
@@ -214,14 +219,17 @@ def _quantised_values(kv: KVBuffers, vslot, kvh, b, states) -> None:
                 for h, codes in enumerate(halves):
                     codes = I.Bind(codes)
                     for i, st in enumerate(states):
-                        _add_halves(sums, i, codes, vt.qmax, (st.whi, st.wlo), 4 * (m * per + h))
+                        _add_halves(sums, i, codes, vt.qmax, st.w, 4 * (m * per + h))
             sums.flush()
         for i, st in enumerate(states):
             whole = tirx.Cast(F32, sums.total(i))
             I.buffer_store(st.acc, st.acc[ramp(c * L)] + whole * bc(st.wf[0]), [ramp(c * L)])
 
 
-Q16 = 127 * 256  # |q16| <= Q16 keeps both int8 halves in [-128, 127] and every sum inside int32
+def qmax_of(bits: int) -> int:
+    """The largest rounded magnitude: 127 * 256 keeps both int8 halves of a 16-bit value in [-128, 127] (and
+    every sum inside int32); 8-bit values are plain int8 in [-127, 127]."""
+    return 127 * 256 if bits == 16 else 127
 
 
 def _run(dot: Dot, n: int, cmax: int) -> int:
@@ -235,8 +243,8 @@ def _run(dot: Dot, n: int, cmax: int) -> int:
 
 def _add_halves(sums: GroupSum, slot: int, codes_u8, cmax: int, halves, at) -> None:
     """sums[slot] += the 64 unsigned codes (4 per 32-bit lane, <= cmax) times the 4 int8 factors halves[i][at :
-    at + 4] broadcast to every lane, the factor being 256 halves[0] + halves[1]. Byte codes are split into
-    nibbles where the dot products saturate on them (AVX2)."""
+    at + 4] broadcast to every lane, the factor being 256 halves[0] + halves[1] (or halves[0] alone). Byte
+    codes are split into nibbles where the dot products saturate on them (AVX2)."""
     if cmax > 15 and sums.dot.split_bytes:
         ops = [(nibbles_u8x64(codes_u8, 0), 15, 0), (nibbles_u8x64(codes_u8, 1), 15, 4)]
     else:
@@ -248,10 +256,11 @@ def _add_halves(sums: GroupSum, slot: int, codes_u8, cmax: int, halves, at) -> N
             sums.add(slot, h, codes, tirx.reinterpret("int8x64", tirx.Broadcast(word, L)), c, shift)
 
 
-def _split16(vecs, hi_buf, lo_buf, scale_buf, at=0, base=0) -> None:
-    """v16 = round(v / f) with f = max |v| / Q16 over the float32x16 vectors `vecs`, split v16 = 256 hi + lo
-    into int8 halves hi_buf/lo_buf[base + 16i ..]; scale_buf[at] = f."""
+def _split(vecs, halves: list, scale_buf, at=0, base=0) -> None:
+    """vr = round(v / f) with f = max |v| / qmax over the float32x16 vectors `vecs`, stored from base + 16i on:
+    16 bits (two halves) as vr = 256 hi + lo in halves [hi, lo]; 8 bits as vr itself. scale_buf[at] = f."""
     i32 = f"int32x{L}"
+    qmax = f32(float(qmax_of(8 * len(halves))))
 
     def i32c(v):
         return bc(tirx.const(v, "int32"))
@@ -260,22 +269,24 @@ def _split16(vecs, hi_buf, lo_buf, scale_buf, at=0, base=0) -> None:
     for v in vecs[1:]:
         mx = tirx.max(mx, tirx.abs(v))
     amax = I.Bind(hmax(mx))
-    inv = I.Bind(tirx.Select(amax > f32(0.0), f32(float(Q16)) / amax, f32(0.0)))
-    I.buffer_store(scale_buf, amax / f32(float(Q16)), [at])
+    inv = I.Bind(tirx.Select(amax > f32(0.0), qmax / amax, f32(0.0)))
+    I.buffer_store(scale_buf, amax / qmax, [at])
     for c, v in enumerate(vecs):
-        v16 = I.Bind(tirx.Cast(i32, tirx.floor(v * bc(inv) + bc(f32(0.5)))))
-        lo = I.Bind(((v16 + i32c(128)) & i32c(255)) - i32c(128))
-        hi = (v16 - lo) >> i32c(8)
-        I.buffer_store(lo_buf, tirx.Cast(f"int8x{L}", lo), [ramp(base + c * L)])
-        I.buffer_store(hi_buf, tirx.Cast(f"int8x{L}", hi), [ramp(base + c * L)])
+        vr = I.Bind(tirx.Cast(i32, tirx.floor(v * bc(inv) + bc(f32(0.5)))))
+        if len(halves) == 1:
+            I.buffer_store(halves[0], tirx.Cast(f"int8x{L}", vr), [ramp(base + c * L)])
+            continue
+        lo = I.Bind(((vr + i32c(128)) & i32c(255)) - i32c(128))
+        I.buffer_store(halves[1], tirx.Cast(f"int8x{L}", lo), [ramp(base + c * L)])
+        I.buffer_store(halves[0], tirx.Cast(f"int8x{L}", (vr - lo) >> i32c(8)), [ramp(base + c * L)])
 
 
 def _quantise_query(qy: Query) -> None:
-    """qk rounded to 16 bits per head (two int8 halves, as the integer matmuls split 16-bit activations):
-    the scores keep float32-like precision."""
+    """qk rounded per head (16 bits: two int8 halves, as the integer matmuls split 16-bit activations, the
+    scores keeping float32-like precision; 8 bits: as llama.cpp rounds the query against a quantised cache)."""
     for g in range(qy.G):
         vecs = [qy.qk[ramp(g * qy.hd + c * L)] for c in range(qy.hd // L)]
-        _split16(vecs, qy.qhi, qy.qlo, qy.qf, g, g * qy.hd)
+        _split(vecs, qy.qi, qy.qf, g, g * qy.hd)
 
 
 def attend(kv, qy, layer, kslot, vslot, kvh, b, limit, first_ring, states) -> None:

@@ -54,19 +54,28 @@ class KVBuffers:
     v_params: object | None
     nb: object = None  # the symbolic number of blocks in the stores
     dot: Dot | None = None  # the target's integer dot products (schedules/intdot.py), for the two below
-    int_scores: bool = False  # score quantised key blocks in int32 (the query rounded to 16 bits)
-    int_values: bool = False  # sum quantised value blocks in int32 (the weights rounded to 16 bits)
+    int_scores: bool = False  # score quantised key blocks in int32 (the query rounded to int_bits bits)
+    int_values: bool = False  # sum quantised value blocks in int32 (the weights rounded to int_bits bits)
+    int_bits: int = 16  # 16 (two int8 halves: float32-like) or 8 (half the dot products)
 
     @classmethod
     def declare(cls, plan: KVPlan, kt: KVType, vt: KVType, dot: Dot | None = None, int_scores: bool = False,
-                int_values: bool = False) -> KVBuffers:
+                int_values: bool = False, int_bits: int = 16) -> KVBuffers:
         """The buffers of a layer whose K and V classes are kt and vt, in KVPlan.layer_tensors order."""
+        if int_bits not in (8, 16):
+            raise ValueError(f"integer attention rounds to 8 or 16 bits, not {int_bits}")
         nb = tirx.Var("NB", "int64")
         args = [I.arg(st.name, I.buffer(tuple(nb if d == "NB" else d for d in st.shape), st.dtype))
                 for st in plan.layer_tensors(kt, vt)]
         ring_k, ring_v, k_store, k_side, v_store, *v_params = args
         return cls(plan, kt, vt, ring_k, ring_v, k_store, k_side, v_store, v_params[0] if v_params else None, nb,
-                   dot, dot is not None and int_scores and not kt.is_float, dot is not None and int_values and not vt.is_float)
+                   dot, dot is not None and int_scores and not kt.is_float, dot is not None and int_values and not vt.is_float,
+                   int_bits)
+
+    @property
+    def query_bits(self) -> int:
+        """Bits of the rounded query (0: scores in float)."""
+        return self.int_bits if self.int_scores else 0
 
     @staticmethod
     def step_args():
