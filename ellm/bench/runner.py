@@ -1,12 +1,13 @@
 """`ellm bench`: decode and prefill speed against this machine's measured memory bandwidth, optionally vs llama.cpp.
 
 For each context length, alternate the systems for `rounds` rounds, each run in a fresh process and
-preceded by a fresh measurement of the read bandwidth (this machine's bandwidth drifts by tens of
-percent within minutes). The systems are eLLM (one target of its artifact) and any llama.cpp
+bracketed by fresh measurements of the read bandwidth, before and after (this machine's bandwidth drifts by
+tens of percent within minutes). A run is set against the higher of its two: the bound must be what the
+machine could read while the run ran, or a dip in the measurement would flatter it. The systems are eLLM (one target of its artifact) and any llama.cpp
 configurations asked for: a build per ISA class (bench/llama_cpp.py), a KV cache type, flash attention
 on or off. Decode rates exclude warm-up steps; the report gives the median and the spread over all
-repeats, bytes read per decoded token, achieved GB/s, the % of the bandwidth measured just before each
-run (median over runs), the ISA path each system ran, and eLLM against the best llama.cpp configuration
+repeats, bytes read per decoded token, achieved GB/s, the % of the bandwidth measured around each run
+(median over runs), the ISA path each system ran, and eLLM against the best llama.cpp configuration
 of each build.
 """
 
@@ -149,9 +150,11 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> 
         runs: dict[str, list[dict]] = {name: [] for name, _ in systems}
         for r in range(cfg.rounds):
             for name, c in systems:  # alternate A, B, A, B: all see the same drift of a shared machine
-                bw = _worker("bandwidth", cfg, ctx)["gb_s"]
+                before = _worker("bandwidth", cfg, ctx)["gb_s"]
                 run = _worker(name, cfg, ctx, c, paths.get(c.build) if c else None)
-                run["bandwidth_gb_s"] = bw
+                after = _worker("bandwidth", cfg, ctx)["gb_s"]
+                bw = max(before, after)
+                run["bandwidth_gb_s"], run["bandwidth_gb_s_around"] = bw, [before, after]
                 runs[name].append(run)
                 rate = statistics.median(run["decode_tok_s"])
                 log(f"context {ctx} round {r + 1} {name:26s} [{run.get('isa')}] decode {rate:7.1f} tok/s, prefill "
