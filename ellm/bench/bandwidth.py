@@ -1,7 +1,7 @@
 """This machine's memory read bandwidth, measured with a multi-threaded streaming read kernel.
 
 A decode step must read every weight and the KV cache once, so (bytes per token) / (this bandwidth)
-is the fastest possible step. The kernel sums a buffer many times larger than the last-level cache
+is the fastest possible step. The kernel sums a buffer four times the size of the last-level cache (at least 512 MiB)
 with AVX-512/AVX2 loads into independent accumulators, split into contiguous chunks over the threads.
 It runs with and without software prefetch (`prefetchnta` at a few distances, as the decode kernels
 use) and reports the fastest variant: the bound must be the best this machine can read, or the
@@ -60,13 +60,20 @@ class Bandwidth:
     prefetch_bytes: int  # of the fastest variant
 
 
-def measure_read_bandwidth(threads: int, size_mb: int = 512, repeats: int = 7, target=None) -> Bandwidth:
-    """Streaming read GB/s (1e9 bytes/s) over a `size_mb` MiB buffer, with `threads` threads."""
+def buffer_mb(llc_bytes: int) -> int:
+    """MiB to stream: four times the last-level cache and at least 512, so that a cyclic read misses it."""
+    return max(512, 4 * -(-llc_bytes // (1 << 20)))
+
+
+def measure_read_bandwidth(threads: int, size_mb: int | None = None, repeats: int = 7, target=None) -> Bandwidth:
+    """Streaming read GB/s (1e9 bytes/s) over a `size_mb` MiB buffer (default: `buffer_mb` of this host's L3)."""
     import tvm
 
     from ..runtime.engine import set_threads
-    from ..targets import resolve_target
+    from ..targets import detect_host, resolve_target
 
+    if size_mb is None:
+        size_mb = buffer_mb(detect_host().caches.get("L3", 0))
     set_threads(threads)
     tasks = 64
     n = (size_mb << 20) // 4 // (tasks * LANES * UNROLL) * (tasks * LANES * UNROLL)
