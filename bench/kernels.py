@@ -102,8 +102,8 @@ def main() -> None:
             row.update(bytes=nbytes, gb_s=nbytes / sec / 1e9, pct_bw=100 * nbytes / sec / 1e9 / bw.gb_s_median)
         rows.append(row)
     step_us = sum(r["us"] * r["calls_per_step"] for r in rows)
-    report = {"bandwidth_gb_s": bw.gb_s_median, "threads": a.threads, "ctx": a.ctx, "tokens": a.tokens,
-              "target": preset.name, "kernels": rows, "sum_over_step_us": step_us}
+    report = {"host": detect_host().record(), "bandwidth_gb_s": bw.gb_s_median, "threads": a.threads, "ctx": a.ctx,
+              "tokens": a.tokens, "target": preset.name, "kernels": rows, "sum_over_step_us": step_us}
     what = f"prefill chunk of {a.tokens} tokens" if prefill else "decode step"
     print(f"read bandwidth {bw.gb_s_median:.1f} GB/s, {a.threads} threads, KV context {a.ctx}, target {preset.name}, {what}")
     if prefill:

@@ -35,6 +35,13 @@ def test_too_few_flags_fall_back_to_generic_avx2():
     assert preset_for_host(_host({"avx2", "fma"})).name == "x86-64-v3"
 
 
+def test_host_record_names_the_machine_and_its_preset():
+    """Benchmark JSONs carry this record, so runs from different hosts can be told apart."""
+    host = HostCPU("Some Xeon", "unknown", frozenset(_flags("cascadelake")), 2, {"L3": 480 << 20})
+    assert host.record() == {"model_name": "Some Xeon", "llvm_cpu": "unknown", "logical_cpus": 2,
+                             "caches": {"L3": 480 << 20}, "preset": "cascadelake"}
+
+
 def test_known_llvm_cpu_maps_directly():
     assert preset_for_host(_host(_flags("znver3"), "znver3")).name == "znver3"
 

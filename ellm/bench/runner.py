@@ -161,7 +161,10 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> 
                     f"{ctx / run['prefill_s']:7.1f} tok/s, bandwidth {bw:5.1f} GB/s "
                     f"({100 * rate * nbytes_of[name] / 1e9 / bw:.0f}%)")
         rows += [_row(name, ctx, runs[name], nbytes_of[name]) for name, _ in systems]
+    from ..targets import detect_host
+
     return {
+        "host": detect_host().record(),
         "artifact": str(cfg.artifact),
         "model": cfg.model.name,
         "threads": cfg.threads,

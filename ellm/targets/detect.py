@@ -21,6 +21,11 @@ class HostCPU:
     def has(self, cpuinfo_flag: str) -> bool:
         return cpuinfo_flag in self.flags
 
+    def record(self) -> dict:
+        """What a benchmark JSON says about the machine it ran on (runs from several hosts sit side by side)."""
+        return {"model_name": self.model_name, "llvm_cpu": self.llvm_cpu, "logical_cpus": self.logical_cpus,
+                "caches": dict(self.caches), "preset": preset_for_host(self).name}
+
     def can_run(self, preset: TargetPreset) -> bool:
         return not missing_features(preset.required_cpu_features, set(self.flags))
 
