@@ -18,3 +18,19 @@ def test_read_kernel_reads_the_whole_buffer():
     assert bw.bytes == 8 << 20
     assert 0 < bw.gb_s_min <= bw.gb_s_median <= bw.gb_s_max
     assert bw.prefetch_bytes in (0, 2048, 8192)
+
+
+def test_bench_report_brackets_each_run_and_names_the_host(artifact, model_path):
+    """`ellm bench` end to end (eLLM alone, one tiny round): every run carries the bandwidth measured before and
+    after it, is set against the higher, and the report says which machine it came from."""
+    from ellm.bench.runner import BenchConfig, run_bench
+    from ellm.targets import detect_host
+
+    report = run_bench(BenchConfig(artifact, model_path, ctxs=(64,), gen=2, warmup=1, repeat=1, rounds=1, threads=2))
+    assert report["host"] == detect_host().record()
+    (row,) = report["rows"]
+    assert row["system"] == "ellm" and row["ctx"] == 64 and row["decode_tok_s"] > 0
+    (bw,) = row["bandwidth_gb_s_per_run"]
+    ((before, after),) = row["bandwidth_gb_s_around_per_run"]
+    assert 0 < min(before, after) <= bw == max(before, after)
+    assert abs(row["pct_of_bandwidth"] - 100 * row["decode_tok_s"] * row["bytes_per_token"] / 1e9 / bw) < 1e-6

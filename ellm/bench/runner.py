@@ -128,7 +128,8 @@ def _row(system: str, ctx: int, runs: list[dict], nbytes: int) -> dict:
         "bytes_per_token": nbytes,
         "achieved_gb_s": med * nbytes / 1e9,
         "bandwidth_gb_s": statistics.median(bws),
-        "bandwidth_gb_s_per_run": bws,
+        "bandwidth_gb_s_per_run": bws,  # the higher of the two measured around each run
+        "bandwidth_gb_s_around_per_run": [run["bandwidth_gb_s_around"] for run in runs],  # [before, after]
         "pct_of_bandwidth": statistics.median(pcts),
         "bound_tok_s": statistics.median(bws) * 1e9 / nbytes,
     }
