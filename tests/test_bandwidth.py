@@ -7,7 +7,9 @@ import pytest
 from ellm.bench.bandwidth import buffer_mb, measure_read_bandwidth
 
 
-@pytest.mark.parametrize("llc, mb", [(0, 512), (32 << 20, 512), (300 << 20, 1200), (480 << 20, 1920), ((480 << 20) + 1, 1924)])
+@pytest.mark.parametrize(
+    "llc, mb", [(0, 512), (32 << 20, 512), (300 << 20, 1200), (480 << 20, 1920), ((480 << 20) + 1, 1924)]
+)
 def test_buffer_is_four_times_the_llc(llc, mb):
     assert buffer_mb(llc) == mb
 

@@ -1,12 +1,12 @@
 """`ellm bench`: decode and prefill speed against this machine's measured memory bandwidth, optionally vs llama.cpp.
 
 For each context length, alternate the systems for `rounds` rounds, each run in a fresh process and
-bracketed by fresh measurements of the read bandwidth, before and after (this machine's bandwidth drifts by
-tens of percent within minutes). A run is set against the higher of its two: the bound must be what the
-machine could read while the run ran, or a dip in the measurement would flatter it. The systems are eLLM (one target of its artifact) and any llama.cpp
-configurations asked for: a build per ISA class (bench/llama_cpp.py), a KV cache type, flash attention
-on or off. Decode rates exclude warm-up steps; the report gives the median and the spread over all
-repeats, bytes read per decoded token, achieved GB/s, the % of the bandwidth measured around each run
+bracketed by fresh measurements of the read bandwidth, before and after (this machine's bandwidth drifts
+by tens of percent within minutes). A run is set against the higher of its two: the bound must be what the
+machine could read while the run ran, or a dip in the measurement would flatter it. The systems are eLLM
+(one target of its artifact) and any llama.cpp configurations asked for: a build per ISA class
+(bench/llama_cpp.py), a KV cache type, flash attention on or off. Decode rates exclude warm-up steps; the
+report gives the median and the spread over all repeats, bytes read per decoded token, achieved GB/s, the % of the bandwidth measured around each run
 (median over runs), the ISA path each system ran, and eLLM against the best llama.cpp configuration
 of each build.
 """
@@ -112,8 +112,8 @@ def _row(system: str, ctx: int, runs: list[dict], nbytes: int) -> dict:
     rates = [x for run in runs for x in run["decode_tok_s"]]
     med = statistics.median(rates)
     prefill = [ctx / run["prefill_s"] for run in runs]
-    bws = [run["bandwidth_gb_s"] for run in runs]
-    pcts = [100 * statistics.median(run["decode_tok_s"]) * nbytes / 1e9 / run["bandwidth_gb_s"] for run in runs]
+    bws = [max(run["bandwidth_gb_s_around"]) for run in runs]
+    pcts = [100 * statistics.median(run["decode_tok_s"]) * nbytes / 1e9 / bw for run, bw in zip(runs, bws)]
     return {
         "system": system,
         "isa": runs[0].get("isa"),
@@ -154,8 +154,8 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> 
                 before = _worker("bandwidth", cfg, ctx)["gb_s"]
                 run = _worker(name, cfg, ctx, c, paths.get(c.build) if c else None)
                 after = _worker("bandwidth", cfg, ctx)["gb_s"]
+                run["bandwidth_gb_s_around"] = [before, after]
                 bw = max(before, after)
-                run["bandwidth_gb_s"], run["bandwidth_gb_s_around"] = bw, [before, after]
                 runs[name].append(run)
                 rate = statistics.median(run["decode_tok_s"])
                 log(f"context {ctx} round {r + 1} {name:26s} [{run.get('isa')}] decode {rate:7.1f} tok/s, prefill "
