@@ -44,7 +44,7 @@ def main() -> None:
     from ellm.config import ModelConfig
     from ellm.kv.plan import KVPlan
     from ellm.models import resolve_model
-    from ellm.runtime.engine import set_threads
+    from ellm.runtime.threads import set_threads
     from ellm.schedules.inject_prefetch import inject_prefetch
     from ellm.targets import detect_host, resolve_target
 

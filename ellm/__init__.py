@@ -7,7 +7,7 @@ import os
 __version__ = "0.1.0"
 
 # TVM sizes its worker pool once, at the first parallel kernel, and defaults to half the logical CPUs.
-# Let it hold every CPU; each engine then selects how many it uses (runtime.engine.set_threads).
+# Let it hold every CPU; each engine then selects how many it uses (runtime.threads.set_threads).
 os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
 
 

@@ -213,3 +213,30 @@ def test_step_memory_is_planned_not_grown(engine, text_ids):
         engine.reset()
         engine.prefill(text_ids[:n])
     assert rss_mb() - before < 8
+
+
+def test_logits_of_a_step_survive_the_next(engine, text_ids):
+    """Steps return views of the VM's output, not copies: the next step must not write into them."""
+    engine.reset()
+    engine.prefill(text_ids[:20])
+    a = engine.decode(text_ids[20])
+    keep = a.copy()
+    b = engine.decode(text_ids[21])
+    np.testing.assert_array_equal(a, keep)
+    assert not np.shares_memory(a, b)
+    c = engine.prefill(text_ids[22:30])
+    np.testing.assert_array_equal(a, keep)
+    assert not np.shares_memory(b, c)
+
+
+def test_token_ids_out_of_range_are_refused(engine, text_ids):
+    from ellm.errors import EllmError
+
+    engine.reset()
+    engine.prefill(text_ids[:5])
+    for bad in (engine.config.vocab_size, -1):
+        with pytest.raises(EllmError, match="out of range"):
+            engine.decode(bad)
+        with pytest.raises(EllmError, match="out of range"):
+            engine.prefill([1, bad])
+    assert engine.n_cached == 5  # nothing was written

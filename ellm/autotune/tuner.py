@@ -103,7 +103,7 @@ def tune_model(
     workload: Workload = Workload(),
     log: Callable[[str], None] = lambda s: None,
 ) -> TuningDatabase:
-    from ..runtime.engine import set_threads
+    from ..runtime.threads import set_threads
 
     preset = resolve_target(target)
     gf = GGUFFile(resolve_model(model))

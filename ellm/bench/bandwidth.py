@@ -69,7 +69,7 @@ def measure_read_bandwidth(threads: int, size_mb: int | None = None, repeats: in
     """Streaming read GB/s (1e9 bytes/s) over a `size_mb` MiB buffer (default: `buffer_mb` of this host's L3)."""
     import tvm
 
-    from ..runtime.engine import set_threads
+    from ..runtime.threads import set_threads
     from ..targets import detect_host, resolve_target
 
     if size_mb is None:

@@ -19,14 +19,7 @@ from .artifact import Artifact
 from .hugepages import huge_arrays
 from .rope import rope_table
 from .sampling import sample
-
-
-def set_threads(n: int) -> None:
-    """Use `n` threads of TVM's pool for the following kernels."""
-    import tvm
-
-    if tvm.runtime.num_threads() != n:
-        tvm.get_global_func("runtime.config_threadpool")(1, n)
+from .threads import set_threads
 
 
 @dataclass
@@ -127,6 +120,10 @@ class Engine:
         self.attention = attention or AttentionConfig()
         self._attn = tvm.runtime.tensor(self.attention.as_array())
         self._attn_dense = tvm.runtime.tensor(AttentionConfig.dense().as_array())
+        # the input of one-token steps, reused: after a step has streamed every weight through the caches, even
+        # allocating a small tensor costs hundreds of microseconds (measured, SmolLM2 on a 32 MB L3)
+        self._one_tensor = tvm.runtime.empty((1,), "int32", tvm.cpu())
+        self._one = np.from_dlpack(self._one_tensor)  # [1] int32, the same memory
         self._cache = _Cache()
         self.stats = GenerationStats()
 
@@ -171,8 +168,11 @@ class Engine:
     def _check_ids(self, ids: Sequence[int]) -> np.ndarray:
         arr = np.asarray(ids, dtype=np.int64).reshape(-1)
         if arr.size and (arr.min() < 0 or arr.max() >= self.config.vocab_size):
-            raise EllmError(f"token id out of range [0, {self.config.vocab_size})")
+            self._bad_id()
         return arr.astype(np.int32)
+
+    def _bad_id(self):
+        raise EllmError(f"token id out of range [0, {self.config.vocab_size})")
 
     def _step(self, entry: str, ids: np.ndarray, dense: bool = False) -> np.ndarray:
         """Run `ids` at the next cache positions; one VM call."""
@@ -184,10 +184,12 @@ class Engine:
                 f"{pos + len(ids)} tokens do not fit in the context of {self.ctx_size} tokens (use --ctx-size to enlarge it)"
             )
         attn = self._attn_dense if dense else self._attn
-        out = self._fn[entry](tvm.runtime.tensor(ids), pos, self._rope, self._kv, attn, self._params)
+        x = self._one_tensor if ids is self._one else tvm.runtime.tensor(ids)
+        out = self._fn[entry](x, pos, self._rope, self._kv, attn, self._params)
         self._cache.tokens.extend(int(i) for i in ids)
         self._cache.hi_block = max(self._cache.hi_block, (pos + len(ids) - 1) // self.kv_plan.block)
-        return out.numpy()
+        # a view of the logits, no copy: the VM writes each step's output into a new tensor, kept alive by the view
+        return np.from_dlpack(out)
 
     def prefill(
         self,
@@ -217,7 +219,10 @@ class Engine:
     def decode(self, token: int) -> np.ndarray:
         """Append one token; logits of it [vocab]."""
         set_threads(self.threads)
-        return self._step("decode", self._check_ids([token]))[0]
+        if not 0 <= token < self.config.vocab_size:
+            self._bad_id()
+        self._one[0] = token
+        return self._step("decode", self._one)[0]
 
     # --- the public API ----------------------------------------------------------------------
     def logits(self, ids: Sequence[int]) -> np.ndarray:
