@@ -9,7 +9,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, NoReturn, Sequence
 
 import numpy as np
 
@@ -171,11 +171,11 @@ class Engine:
             self._bad_id()
         return arr.astype(np.int32)
 
-    def _bad_id(self):
+    def _bad_id(self) -> NoReturn:
         raise EllmError(f"token id out of range [0, {self.config.vocab_size})")
 
-    def _step(self, entry: str, ids: np.ndarray, dense: bool = False) -> np.ndarray:
-        """Run `ids` at the next cache positions; one VM call."""
+    def _step(self, entry: str, ids: np.ndarray, dense: bool = False, x=None) -> np.ndarray:
+        """Run `ids` at the next cache positions; one VM call. `x`: a TVM tensor already holding them."""
         import tvm
 
         pos = self.n_cached
@@ -184,8 +184,7 @@ class Engine:
                 f"{pos + len(ids)} tokens do not fit in the context of {self.ctx_size} tokens (use --ctx-size to enlarge it)"
             )
         attn = self._attn_dense if dense else self._attn
-        x = self._one_tensor if ids is self._one else tvm.runtime.tensor(ids)
-        out = self._fn[entry](x, pos, self._rope, self._kv, attn, self._params)
+        out = self._fn[entry](tvm.runtime.tensor(ids) if x is None else x, pos, self._rope, self._kv, attn, self._params)
         self._cache.tokens.extend(int(i) for i in ids)
         self._cache.hi_block = max(self._cache.hi_block, (pos + len(ids) - 1) // self.kv_plan.block)
         # a view of the logits, no copy: the VM writes each step's output into a new tensor, kept alive by the view
@@ -222,7 +221,7 @@ class Engine:
         if not 0 <= token < self.config.vocab_size:
             self._bad_id()
         self._one[0] = token
-        return self._step("decode", self._one)[0]
+        return self._step("decode", self._one, x=self._one_tensor)[0]
 
     # --- the public API ----------------------------------------------------------------------
     def logits(self, ids: Sequence[int]) -> np.ndarray:

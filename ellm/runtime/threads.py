@@ -72,7 +72,7 @@ def pin_caller() -> None:
         pass
 
 
-_caller = threading.local()  # per calling thread: whether it has been pinned since the pool was configured
+_caller = threading.local()  # per calling thread: `threads`, the pool size it last configured (and was pinned for)
 
 
 def set_threads(n: int) -> None:
