@@ -45,7 +45,6 @@ def main() -> None:
     from ellm.kv.plan import KVPlan
     from ellm.models import resolve_model
     from ellm.runtime.threads import set_threads
-    from ellm.schedules.inject_prefetch import inject_prefetch
     from ellm.targets import detect_host, resolve_target
 
     preset = resolve_target(a.target)
@@ -78,7 +77,7 @@ def main() -> None:
     wl = Workload(tokens=max(1, a.tokens), ctx=a.ctx)
     rows = []
     for k in step:
-        func = inject_prefetch(lower_rule_build(k, preset, overrides.get(k.rule))).with_attr("global_symbol", "kernel")
+        func = lower_rule_build(k, preset, overrides.get(k.rule)).with_attr("global_symbol", "kernel")
         ex = tvm.compile(func, target=preset.tvm_target())
         args = _inputs(func, k.req, wl, np.random.default_rng(0))
         names = _param_names(func)
@@ -150,12 +149,12 @@ def _macs(req, tokens: int) -> int:
 
 
 def lower_rule_build(k, preset, overrides=None):
-    """The kernel as lowering built it, with `overrides` ({knob: value}) on top of its knobs."""
+    """The kernel as compile builds it (prefetch injected), with `overrides` ({knob: value}) on top of its knobs."""
     from ellm.schedules import rule_by_name
 
     rule = rule_by_name(k.rule)
     knobs = rule.resolve_knobs(k.req, preset, {**k.knobs, **(overrides or {})}) if overrides else k.knobs
-    return rule.build(k.req, preset, knobs)
+    return rule.build_kernel(k.req, preset, knobs)
 
 
 def _parse_knobs(items: list[str]) -> dict[str, dict[str, int]]:

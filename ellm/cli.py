@@ -5,10 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
 from .errors import EllmError
+
+
+def _regex(text: str) -> str:
+    try:
+        re.compile(text)
+    except re.error as e:
+        raise argparse.ArgumentTypeError(f"not a regular expression: {e}") from None
+    return text
 
 
 def _positive_int(s: str) -> int:
@@ -188,9 +197,10 @@ def cmd_tune(a: argparse.Namespace) -> int:
 
     db = tune_model(
         a.model, a.output, target=a.target, budget=a.budget, threads=a.threads,
-        workload=Workload(tokens=a.tokens, ctx=a.ctx), log=print,
+        workload=Workload(tokens=a.tokens, ctx=a.ctx), log=print, kernels=a.kernels,
     )
-    print(f"wrote {a.output} ({len(db.records())} kernels)", file=sys.stderr)
+    failed = f", {len(db.failures())} failed candidates recorded" if db.failures() else ""
+    print(f"wrote {a.output} ({len(db.records())} kernels{failed})", file=sys.stderr)
     return 0
 
 
@@ -340,6 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--threads", type=_positive_int, default=None)
     tu.add_argument("--tokens", type=_positive_int, default=256, help="prefill chunk the kernels are timed at")
     tu.add_argument("--ctx", type=_positive_int, default=4096, help="context the attention kernels are timed at")
+    tu.add_argument("--kernels", type=_regex, default=None, metavar="REGEX", help="tune only kernels whose name matches")
     tu.set_defaults(func=cmd_tune)
 
     b = sub.add_parser("bench", help="decode/prefill speed vs measured memory bandwidth, optionally vs llama.cpp")

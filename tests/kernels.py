@@ -78,8 +78,6 @@ def matmul_request(
 
 def build_request(req, knobs=None, preset=None):
     """(rule, kernel) as lowering builds it: the selected rule, then the prefetch-injection pass."""
-    from ellm.schedules.inject_prefetch import inject_prefetch
-
     preset = preset or PRESET
     rule = select_rule(req, preset)
-    return rule, inject_prefetch(rule.build(req, preset, rule.resolve_knobs(req, preset, knobs)))
+    return rule, rule.build_kernel(req, preset, rule.resolve_knobs(req, preset, knobs))

@@ -27,12 +27,15 @@ class TuningRecord:
     threads: int
     workload: dict[str, Any] = field(default_factory=dict)  # the request, for people reading the file
     measured_unix: int = 0
+    status: str = "ok"  # ok, build_error, run_error: failed candidates are kept, never chosen
+    message: str = ""  # what went wrong, for a failed candidate
 
 
 class TuningDatabase:
     def __init__(self, path: Path | None = None, records: list[TuningRecord] | None = None):
         self.path = path
         self._best: dict[tuple[str, str, str], TuningRecord] = {}
+        self._failed: list[TuningRecord] = []
         for r in records or []:
             self.add(r)
 
@@ -53,7 +56,11 @@ class TuningDatabase:
             raise EllmError(f"malformed record in tuning database {path}: {e}") from None
 
     def add(self, record: TuningRecord) -> bool:
-        """Keep `record` if it is the fastest for its (target, kernel, rule); True if it was kept."""
+        """Keep `record` if it is the fastest for its (target, kernel, rule); True if it was kept. A failed
+        candidate is kept as such and never becomes the best."""
+        if record.status != "ok":
+            self._failed.append(record)
+            return False
         key = (record.target, record.kernel, record.rule)
         old = self._best.get(key)
         if old is None or record.seconds < old.seconds:
@@ -62,7 +69,11 @@ class TuningDatabase:
         return False
 
     def records(self) -> list[TuningRecord]:
+        """The best record of each kernel."""
         return sorted(self._best.values(), key=lambda r: (r.target, r.kernel, r.rule))
+
+    def failures(self) -> list[TuningRecord]:
+        return list(self._failed)
 
     def best(self, target: str, kernel: str, rule: str) -> TuningRecord | None:
         return self._best.get((target, kernel, rule))
@@ -78,5 +89,5 @@ class TuningDatabase:
 
     def save(self, path: str | Path | None = None) -> None:
         path = Path(path or self.path)
-        doc = {"format": DB_FORMAT, "version": DB_VERSION, "saved_unix": int(time.time()), "records": [asdict(r) for r in self.records()]}
+        doc = {"format": DB_FORMAT, "version": DB_VERSION, "saved_unix": int(time.time()), "records": [asdict(r) for r in self.records() + self._failed]}
         atomic_write_text(path, json.dumps(doc, indent=1))

@@ -1,14 +1,18 @@
 """Per-CPU schedule search: time each kernel's knob configurations on this machine and keep the fastest.
 
-The search is exhaustive over a rule's knob grid up to a budget (default first, then a seeded random
-order). Kernels are timed alone with random inputs of their real shapes, symbolic sizes bound to a
-representative workload: a prefill chunk of `tokens` tokens and decode at `ctx` context.
+The search covers a rule's speed-search space up to a budget (default first, then distinct points in a
+seeded random order): the knobs that change the request's kernel and not its results (`Rule.space`,
+`Knob.numerics`). Candidates are built as compile builds them (`Rule.build_kernel`, prefetch injection
+included), and one that fails to build or run is recorded with its status. Kernels are timed alone with
+random inputs of their real shapes, symbolic sizes bound to a representative workload: a prefill chunk
+of `tokens` tokens and decode at `ctx` context.
 """
 
 from __future__ import annotations
 
 import itertools
 import random
+import re
 import statistics
 import time
 from dataclasses import dataclass
@@ -68,7 +72,7 @@ def _inputs(func, req: KernelRequest, wl: Workload, rng) -> list:
 
 
 def time_kernel(func, req: KernelRequest, target: TargetPreset, wl: Workload, repeat: int = 5) -> float:
-    """Median seconds per call of one compiled kernel."""
+    """Median seconds per call of one kernel (a PrimFunc as `Rule.build_kernel` returns it)."""
     import tvm
 
     ex = tvm.compile(func.with_attr("global_symbol", "kernel"), target=target.tvm_target())
@@ -86,12 +90,39 @@ def _valid(rule, req, target, knobs: dict[str, int]) -> bool:
     return True
 
 
+def search_knobs(rule, req, target) -> tuple:
+    """The knobs searched on speed: those that change this request's kernel and not its results."""
+    return tuple(k for k in rule.space(req, target) if not k.numerics)
+
+
 def candidates(rule, req, target, budget: int, seed: int = 0) -> list[dict[str, int]]:
+    """The default, then distinct points of the speed-search space in a seeded random order. Knobs outside
+    it (no effect on this request, or changing numerics) keep their defaults."""
     default = rule.default_knobs(req, target)
-    grid = [dict(zip([k.name for k in rule.knobs], vals)) for vals in itertools.product(*[k.choices for k in rule.knobs])]
-    others = [g for g in grid if g != default and _valid(rule, req, target, g)]
+    knobs = search_knobs(rule, req, target)
+    seen = {tuple(sorted(rule.canonical(req, target, default).items()))}
+    others = []
+    for vals in itertools.product(*[k.choices for k in knobs]):
+        point = rule.canonical(req, target, {**default, **dict(zip([k.name for k in knobs], vals))})
+        key = tuple(sorted(point.items()))
+        if key not in seen and _valid(rule, req, target, point):
+            seen.add(key)
+            others.append(point)
     random.Random(seed).shuffle(others)
     return [default] + others[: max(0, budget - 1)]
+
+
+def measure(rule, req, target: TargetPreset, knobs: dict[str, int], wl: Workload) -> tuple[str, float | None, str]:
+    """(status, seconds, message) of one candidate, built exactly as compile builds it. A candidate that
+    fails to build or to run is a status, never an exception: it must not end a tuning run."""
+    try:
+        func = rule.build_kernel(req, target, knobs)
+    except Exception as e:  # noqa: BLE001 - any failure of a candidate's schedule is its result
+        return "build_error", None, f"{type(e).__name__}: {e}"
+    try:
+        return "ok", time_kernel(func, req, target, wl), ""
+    except Exception as e:  # noqa: BLE001
+        return "run_error", None, f"{type(e).__name__}: {e}"
 
 
 def tune_model(
@@ -102,14 +133,17 @@ def tune_model(
     threads: int | None = None,
     workload: Workload = Workload(),
     log: Callable[[str], None] = lambda s: None,
+    kernels: str | None = None,
 ) -> TuningDatabase:
+    """Tune every kernel with searchable knobs (`kernels`: only those whose name matches this regex)."""
     from ..runtime.threads import set_threads
 
     preset = resolve_target(target)
     gf = GGUFFile(resolve_model(model))
     cfg = ModelConfig.from_gguf(gf)
     _, g = build_graph(gf, cfg, CompileOptions(target=preset.name), preset)
-    kernels = [k for k in lower(g, preset).kernels if rule_by_name(k.rule).knobs]
+    pattern = re.compile(kernels) if kernels else None
+    kernels = [k for k in lower(g, preset).kernels if rule_by_name(k.rule).knobs and (pattern is None or pattern.search(k.name))]
     db = TuningDatabase.open(db_path)
     host = detect_host()
     n_threads = threads or host.logical_cpus
@@ -117,15 +151,23 @@ def tune_model(
     for info in kernels:
         rule = rule_by_name(info.rule)
         best = None
+        failed = 0
         for knobs in candidates(rule, info.req, preset, budget):
-            func = rule.build(info.req, preset, knobs)
-            seconds = time_kernel(func, info.req, preset, workload)
+            status, seconds, message = measure(rule, info.req, preset, knobs, workload)
             rec = TuningRecord(
-                preset.name, host.model_name, info.name, rule.name, knobs, seconds, n_threads, info.request, int(time.time())
+                preset.name, host.model_name, info.name, rule.name, knobs, seconds if seconds is not None else 0.0,
+                n_threads, info.request, int(time.time()), status, message,
             )
             db.add(rec)
-            if best is None or seconds < best.seconds:
+            if status != "ok":
+                failed += 1
+                log(f"{info.name:48s} {rule.name:10s} {status}: {knobs}: {message}")
+            elif best is None or rec.seconds < best.seconds:
                 best = rec
-        log(f"{info.name:48s} {rule.name:10s} best {best.seconds * 1e6:9.1f} us  {best.knobs}")
+        if best is None:
+            log(f"{info.name:48s} {rule.name:10s} no candidate ran ({failed} failed): keeps its defaults")
+            continue
+        log(f"{info.name:48s} {rule.name:10s} best {best.seconds * 1e6:9.1f} us  {best.knobs}"
+            + (f"  ({failed} failed)" if failed else ""))
     db.save()
     return db

@@ -12,7 +12,6 @@ from ..quant import FORMATS
 from ..quant.tiled import TILED_COMPONENTS
 from ..schedules import KernelRequest, select_rule
 from ..kv.plan import KVPlan
-from ..schedules.inject_prefetch import inject_prefetch
 from ..targets import TargetPreset
 from .graph import Graph, Op, OpKind, TensorType, WeightRef
 
@@ -120,7 +119,7 @@ class _Lowering:
         key = (rule.name, req, tuple(sorted(knobs.items())))
         if key not in self.kernels:
             name = req.key()
-            func = inject_prefetch(rule.build(req, self.target, knobs), enabled=self.prefetch)
+            func = rule.build_kernel(req, self.target, knobs, prefetch=self.prefetch)
             func = func.with_attr("global_symbol", name)
             gv = self.bb.add_func(func, name)
             self.kernels[key] = (gv, KernelInfo(name, rule.name, knobs, req.describe(), req))

@@ -178,7 +178,8 @@ def _applies(req: KernelRequest) -> bool:
     return req.kind is OpKind.ATTENTION and req.in_cols[0] is None and req.attr("kv_plan") is not None
 
 
-INT_BITS = Knob("int_bits", 16, (8, 16), "bits the query and the value weights are rounded to for integer dot products")
+INT_BITS = Knob("int_bits", 16, (8, 16), "bits the query and the value weights are rounded to for integer dot products",
+               numerics=True)
 
 
 def default_int_bits(target: TargetPreset) -> int:
@@ -203,8 +204,8 @@ class AttentionDecodeRule(_AttentionRule):
     name = "attention_decode"
     knobs = (
         Knob("chunk", 256, (128, 256, 512, 1024, 2048), "keys per split-K task"),
-        Knob("int_scores", 1, (0, 1), "score quantised key blocks with integer dot products"),
-        Knob("int_values", 1, (0, 1), "sum quantised value blocks with integer dot products"),
+        Knob("int_scores", 1, (0, 1), "score quantised key blocks with integer dot products", numerics=True),
+        Knob("int_values", 1, (0, 1), "sum quantised value blocks with integer dot products", numerics=True),
         Knob("prefetch", 1, (0, 1, 2), "prefetch the stored block this many items ahead in the read list (0: off)"),
         INT_BITS,
     )

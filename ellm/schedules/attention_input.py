@@ -169,6 +169,10 @@ class AttentionInputRule(Rule):
             knobs["passes"] = min(kv_plan_of(req)[0].head_dim // L, 8)
         return knobs
 
+    def space(self, req: KernelRequest, target: TargetPreset) -> tuple[Knob, ...]:
+        # one token: every token tile is that token, whatever its size
+        return tuple(k for k in self.knobs if not (req.m == 1 and k.name == "tokens_per_tile"))
+
     def resolve_knobs(self, req: KernelRequest, target: TargetPreset, given: Mapping[str, int] | None) -> dict[str, int]:
         resolved = super().resolve_knobs(req, target, given)
         hd = kv_plan_of(req)[0].head_dim

@@ -95,6 +95,10 @@ class IntFfnRule(Rule):
             knobs["down_tiles"] = 1
         return knobs
 
+    def space(self, req: KernelRequest, target: TargetPreset) -> tuple[Knob, ...]:
+        # one token: every token tile is that token, whatever its size
+        return tuple(k for k in self.knobs if not (req.m == 1 and k.name == "tokens_per_tile"))
+
     def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
         return build_int_ffn(req, dot_for(target), knobs["tokens_per_tile"], knobs["prefetch_bytes"], knobs["down_tiles"],
                              target.prefetch_nta)

@@ -120,6 +120,12 @@ class IntGemvRule(_IntRule):
         knobs["prefetch_nta"] = int(target.prefetch_nta)
         return knobs
 
+    def canonical(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]) -> dict[str, int]:
+        out = dict(knobs)
+        if out.get("prefetch_bytes") == 0:  # no prefetches: their kind is moot
+            out["prefetch_nta"] = int(target.prefetch_nta)
+        return out
+
     def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
         return build_int_matmul(req, self.dot(target), 1, knobs["tiles_per_task"], knobs["prefetch_bytes"],
                                 bool(knobs["prefetch_nta"]))

@@ -21,6 +21,7 @@ class Knob:
     default: int
     choices: tuple[int, ...]
     doc: str
+    numerics: bool = False  # changes the kernel's results, not only its speed: never chosen on speed alone
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,21 @@ class Rule(ABC):
 
     def default_knobs(self, req: KernelRequest, target: TargetPreset) -> dict[str, int]:
         return {k.name: k.default for k in self.knobs}
+
+    def space(self, req: KernelRequest, target: TargetPreset) -> tuple[Knob, ...]:
+        """The knobs that change this request's kernel (some only matter for chunks of tokens, say)."""
+        return self.knobs
+
+    def canonical(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]) -> dict[str, int]:
+        """`knobs` with every knob that has no effect given the others set to its default, so that points of
+        the space that build the same kernel compare equal."""
+        return dict(knobs)
+
+    def build_kernel(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int], prefetch: bool = True):
+        """The kernel exactly as compile ships it: `build`, then the prefetch-injection pass."""
+        from .inject_prefetch import inject_prefetch
+
+        return inject_prefetch(self.build(req, target, knobs), enabled=prefetch)
 
     def resolve_knobs(self, req: KernelRequest, target: TargetPreset, given: Mapping[str, int] | None) -> dict[str, int]:
         knobs = self.default_knobs(req, target)
