@@ -33,7 +33,10 @@ def test_tune_then_compile_uses_the_tuned_knobs(tmp_path):
     gemv = select_rule(matmul_request(QuantType.Q4_K, 64, 256, m=1, layout="tile16", act_bits=16), PRESET).name
     assert {r.rule for r in records} >= {gemv, "attention_input", "attention_decode"}
     assert all(r.seconds > 0 for r in records)
-    art = compile_model(model, tmp_path / "art", CompileOptions(target=target, tuning_db=tmp_path / "tune.json")).path
+    report = compile_model(model, tmp_path / "art", CompileOptions(target=target, tuning_db=tmp_path / "tune.json"))
+    art = report.path
+    (line,) = report.tuning  # every tuned kernel found, measured on this CPU with these threads
+    assert f"{len(records)} kernels tuned ({len(records)} measured on this CPU model with 2 threads" in line
     manifest = json.loads((art / "manifest.json").read_text())
     for k in manifest["targets"][0]["kernels"]:
         rec = db.best(target, k["name"], k["rule"])

@@ -151,12 +151,14 @@ def tune_model(
     for info in kernels:
         rule = rule_by_name(info.rule)
         best = None
-        failed = 0
-        for knobs in candidates(rule, info.req, preset, budget):
+        failed, default_s = 0, 0.0
+        for i, knobs in enumerate(candidates(rule, info.req, preset, budget)):
             status, seconds, message = measure(rule, info.req, preset, knobs, workload)
+            if i == 0 and seconds is not None:  # the default comes first
+                default_s = seconds
             rec = TuningRecord(
                 preset.name, host.model_name, info.name, rule.name, knobs, seconds if seconds is not None else 0.0,
-                n_threads, info.request, int(time.time()), status, message,
+                n_threads, info.request, int(time.time()), status, message, default_s,
             )
             db.add(rec)
             if status != "ok":

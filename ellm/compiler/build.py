@@ -75,6 +75,7 @@ class CompileReport:
     targets: list[str] = field(default_factory=list)
     shared_bytes: int = 0  # parameter bytes every target uses
     timings: dict[str, float] = field(default_factory=dict)
+    tuning: list[str] = field(default_factory=list)  # per target: what the tuning database supplied
 
 
 def _shared_params(builds: list[TargetBuild]) -> tuple[list[ParamSpec], list[list[int]]]:
@@ -117,13 +118,19 @@ def compile_model(
         f"{', '.join(p.name for p in presets)}")
 
     builds = []
-    for preset, gs in zip(presets, graphs):
-        knob_lookup = None
-        if options.tuning_db is not None:
-            from ..autotune import TuningDatabase
+    tuning: list[str] = []
+    db = None
+    if options.tuning_db is not None:
+        from ..autotune import TuningDatabase
+        from ..targets import detect_host
 
-            knob_lookup = TuningDatabase.open(options.tuning_db).lookup_for(preset.name)
+        db, host = TuningDatabase.open(options.tuning_db), detect_host()
+    for preset, gs in zip(presets, graphs):
+        knob_lookup = db.lookup_for(preset.name, host.model_name, host.logical_cpus) if db is not None else None
         builds.append(compile_target(gs, options.for_targets(), preset, knob_lookup, log))
+        if knob_lookup is not None:
+            tuning.append(knob_lookup.summary())
+            log(tuning[-1])
     plans = {b.kv_plan.key() for b in builds}
     if len(plans) > 1:
         raise EllmError("the targets plan different KV caches; compile them into separate artifacts")
@@ -161,4 +168,4 @@ def compile_model(
             f"arrays) shared by all {len(builds)} targets")
     size = sum(p.stat().st_size for p in out_dir.iterdir())
     return CompileReport(out_dir, time.perf_counter() - t_start, sum(len(b.lowered.kernels) for b in builds), size,
-                         [p.name for p in presets], shared_bytes, timings)
+                         [p.name for p in presets], shared_bytes, timings, tuning)

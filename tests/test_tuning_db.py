@@ -1,0 +1,76 @@
+"""The tuning database: lookups by CPU model and thread count with a fallback to the target preset, never a
+record slower than the default, round trips, merges, and compile reporting what it found."""
+
+from __future__ import annotations
+
+from kernels import PRESET, matmul_request, select_rule
+from synthetic import write_model
+
+from ellm.autotune import TuningDatabase, TuningRecord
+from ellm.autotune.tuner import Workload, tune_model
+from ellm.compiler.build import CompileOptions, compile_model
+from ellm.quant import QuantType
+
+REQ = matmul_request(QuantType.Q4_1, 256, 512, m=1)  # the float GEMV: rule "gemv", knob rows_per_task
+RULE = select_rule(REQ, PRESET).name
+
+
+def _rec(cpu, threads, rows, seconds, default_seconds=4e-5, kernel=None):
+    return TuningRecord("znver4", cpu, kernel or REQ.key(), "gemv", {"rows_per_task": rows}, seconds, threads,
+                        default_seconds=default_seconds)
+
+
+def _db(tmp_path):
+    db = TuningDatabase(tmp_path / "db.json")
+    db.add(_rec("cpu A", 2, 16, 2e-5))
+    db.add(_rec("cpu A", 1, 4, 3e-5))
+    db.add(_rec("cpu B", 2, 32, 1e-5, default_seconds=1.1e-5))  # faster, but a smaller gain over its default
+    return db
+
+
+def test_lookup_prefers_the_same_cpu_and_threads(tmp_path):
+    db = _db(tmp_path)
+    assert RULE == "gemv"
+    look = db.lookup_for("znver4", "cpu A", 2)
+    assert look(REQ, "gemv") == {"rows_per_task": 16} and look.hits == {REQ.key(): "cpu"}
+    assert db.lookup_for("znver4", "cpu A", 1)(REQ, "gemv") == {"rows_per_task": 4}
+    other = db.lookup_for("znver4", "cpu C", 2)  # not measured there: the preset's best gain over default
+    assert other(REQ, "gemv") == {"rows_per_task": 16} and other.hits == {REQ.key(): "target"}
+    none = db.lookup_for("znver5", "cpu A", 2)
+    assert none(REQ, "gemv") is None and none.misses == {REQ.key()}
+    assert "1 not in it" in none.summary() and REQ.key() in none.summary()
+
+
+def test_a_record_slower_than_the_default_is_never_applied(tmp_path):
+    db = TuningDatabase(tmp_path / "db.json")
+    db.add(_rec("cpu A", 2, 16, 5e-5, default_seconds=4e-5))
+    look = db.lookup_for("znver4", "cpu A", 2)
+    assert look(REQ, "gemv") is None and look.slower == {REQ.key()}
+    assert "slower than the default" in look.summary()
+
+
+def test_round_trip_and_merge(tmp_path):
+    db = _db(tmp_path)
+    db.add(TuningRecord("znver4", "cpu A", REQ.key(), "gemv", {"rows_per_task": 64}, 0.0, 2, status="build_error",
+                        message="no"))
+    db.save()
+    again = TuningDatabase.open(tmp_path / "db.json")
+    assert again.records() == db.records() and again.failures() == db.failures()
+    fleet = TuningDatabase(tmp_path / "fleet.json", [_rec("cpu A", 2, 8, 1.5e-5), _rec("cpu D", 2, 1, 3e-5)])
+    fleet.merge(again)
+    assert fleet.best("znver4", REQ.key(), "gemv", "cpu A", 2).knobs == {"rows_per_task": 8}  # the faster one
+    assert len(fleet.records()) == 4 and len(fleet.failures()) == 1
+
+
+def test_compile_reports_misses_for_a_database_of_other_options(tmp_path):
+    """Tuned with the default KV cache, compiled with a q8 one: the attention kernels are other kernels, and
+    compile says so instead of silently keeping defaults."""
+    model = write_model(tmp_path / "m.gguf", n_layers=1)
+    db = tune_model(model, tmp_path / "tune.json", target=PRESET.name, budget=1, threads=2,
+                    workload=Workload(tokens=16, ctx=256), kernels=r"^attention_m1_")
+    (rec,) = db.records()
+    report = compile_model(model, tmp_path / "art", CompileOptions(target=PRESET.name, cache_type_k="q8", cache_type_v="q8",
+                                                                     tuning_db=tmp_path / "tune.json"))
+    (line,) = report.tuning
+    assert "0 kernels tuned" in line and rec.kernel not in line
+    assert "not in it" in line and "attention_m1_" in line
