@@ -4,17 +4,16 @@ bandwidth (decode) or as multiply-accumulates per second (prefill).
     python bench/kernels.py [--model GGUF] [--ctx 512] [--tokens T] [--threads N] [--target PRESET] [--json FILE]
 
 Every kernel of the one-token entry (or, with --tokens, of the prefill entry at T tokens) is compiled alone
-and called with its real shapes. Weights rotate through copies totalling twice the last-level cache, as in
-a step, where each layer's weights come from DRAM. The KV cache has `ctx` tokens. Times include the Python
-call (~1 us). The table ends with the sum over one step (calls x time).
+and called with its real shapes, by the tuner's timing harness (ellm/autotune/measure.py): weights rotate
+through copies totalling twice the last-level cache, as in a step, where each layer's weights come from
+DRAM. The KV cache has `ctx` tokens. Times include the Python call (~1 us). The table ends with the sum
+over one step (calls x time).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from collections import Counter
 
 import numpy as np
@@ -36,7 +35,7 @@ def main() -> None:
 
     import tvm
 
-    from ellm.autotune.tuner import Workload, _inputs
+    from ellm.autotune.measure import Workload, argument_sets, inputs, last_level_cache, time_calls, weight_bytes
     from ellm.bench.bandwidth import measure_read_bandwidth
     from ellm.compiler.build import CompileOptions, build_graph
     from ellm.compiler.gguf_file import GGUFFile
@@ -72,23 +71,18 @@ def main() -> None:
         raise SystemExit(f"--knob: no kernel of this step uses rule {', '.join(sorted(unknown))} "
                          f"(rules: {', '.join(sorted({k.rule for k in step}))})")
     bw = measure_read_bandwidth(a.threads)
-    llc = max(detect_host().caches.get("L3", 0), 32 << 20)
+    llc = last_level_cache()
     set_threads(a.threads)
     wl = Workload(tokens=max(1, a.tokens), ctx=a.ctx)
     rows = []
     for k in step:
         func = lower_rule_build(k, preset, overrides.get(k.rule)).with_attr("global_symbol", "kernel")
         ex = tvm.compile(func, target=preset.tvm_target())
-        args = _inputs(func, k.req, wl, np.random.default_rng(0))
-        names = _param_names(func)
-        nbytes = sum(x.numpy().nbytes for n, x in zip(names, args) if n.startswith(WEIGHTS))
-        # rotate copies of the weights so the working set is twice the last-level cache
-        copies = max(1, int(2 * llc // nbytes)) if nbytes and not prefill else 1
-        sets = [_copy_weights(func, args) for _ in range(copies)] if copies > 1 else [args]
-        if "layer" in names:  # the KV cache holds every layer: step through them, as a step does
-            li = names.index("layer")
-            sets = [s[:li] + [i % cfg.n_layers] + s[li + 1 :] for i, s in enumerate(sets * cfg.n_layers)]
-        sec = _time(ex["kernel"], sets, prefill)
+        args = inputs(func, k.req, wl, np.random.default_rng(0))
+        nbytes = weight_bytes(func, args)
+        # decode: weights rotated through twice the last-level cache; the KV cache's layers stepped through
+        sets = argument_sets(func, args, not prefill, llc, cfg.n_layers)
+        sec = time_calls(ex["kernel"], sets, 1 if prefill else 100)
         row = {"kernel": k.name, "rule": k.rule, "calls_per_step": calls[k.name], "us": sec * 1e6}
         if prefill:
             macs = _macs(k.req, a.tokens)
@@ -121,21 +115,6 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(report, fh, indent=1)
-
-
-def _time(f, sets, prefill: bool) -> float:
-    """Median seconds per call over three timed passes, after one untimed pass."""
-    for s in sets:
-        f(*s)
-    reps = 3 if prefill else max(3, 300 // len(sets))
-    times = []
-    for _ in range(3):
-        t = time.perf_counter()
-        for _ in range(reps // 3):
-            for s in sets:
-                f(*s)
-        times.append((time.perf_counter() - t) / (reps // 3 * len(sets)))
-    return statistics.median(times)
 
 
 def _macs(req, tokens: int) -> int:
@@ -180,20 +159,6 @@ def _same_attrs(req, op) -> bool:
     """The op's attributes as the kernel request carries them (per-layer KV classes, residual, ...; lowering
     turns the two activation widths into the request's one)."""
     return all(req.attr(k) == v for k, v in op.attrs if k not in ("act_bits", "chunk_act_bits"))
-
-
-def _param_names(func):
-    return [str(p.name) for p in func.params]
-
-
-WEIGHTS = ("w_", "gu_", "down_")  # packed weight components: what a decode step streams besides the KV cache
-
-
-def _copy_weights(func, args):
-    import tvm
-
-    names = _param_names(func)
-    return [tvm.runtime.tensor(x.numpy()) if n.startswith(WEIGHTS) else x for n, x in zip(names, args)]
 
 
 if __name__ == "__main__":

@@ -3,9 +3,9 @@
 The search covers a rule's speed-search space up to a budget (default first, then distinct points in a
 seeded random order): the knobs that change the request's kernel and not its results (`Rule.space`,
 `Knob.numerics`). Candidates are built as compile builds them (`Rule.build_kernel`, prefetch injection
-included), and one that fails to build or run is recorded with its status. Kernels are timed alone with
-random inputs of their real shapes, symbolic sizes bound to a representative workload: a prefill chunk
-of `tokens` tokens and decode at `ctx` context.
+included), and one that fails to build or run is recorded with its status. Kernels are timed by the
+harness `bench/kernels.py` uses (measure.py): alone, inputs of their real shapes, one-token kernels with
+their weights cold, at a representative workload (a prefill chunk of `tokens` tokens, decode at `ctx`).
 """
 
 from __future__ import annotations
@@ -13,72 +13,19 @@ from __future__ import annotations
 import itertools
 import random
 import re
-import statistics
+import dataclasses
 import time
-from dataclasses import dataclass
 from typing import Callable
-
-import numpy as np
 
 from ..compiler.build import CompileOptions, build_graph
 from ..compiler.gguf_file import GGUFFile
 from ..compiler.lower import lower
 from ..config import ModelConfig
 from ..models import resolve_model
-from ..schedules import KernelRequest, rule_by_name
+from ..schedules import rule_by_name
 from ..targets import TargetPreset, detect_host, resolve_target
-from ..kv.attention import AttentionConfig
-from ..kv.plan import KVPlan
 from .database import TuningDatabase, TuningRecord
-
-
-@dataclass(frozen=True)
-class Workload:
-    tokens: int = 256  # symbolic token count of prefill kernels
-    ctx: int = 4096  # KV cache capacity; attention runs at the end of it
-
-
-def _inputs(func, req: KernelRequest, wl: Workload, rng) -> list:
-    """Random TVM arguments for every parameter of `func` (buffers and scalars)."""
-    import tvm
-
-    m = req.m if req.m is not None else wl.tokens
-    key = req.attr("kv_plan")
-    block = KVPlan.from_key(key).block if key else 64
-    sizes = {"T": m, "n": m, "C": wl.ctx, "NB": -(-wl.ctx // block)}  # NB: KV cache blocks
-    # a chunk ends at the cache's end and stores the blocks it completes; a one-token step stores a block
-    # only once every `block` steps, so it is timed at a position that completes none
-    pos = wl.ctx - m
-    if m == 1 and (pos + 1) % block == 0:
-        pos -= 1
-    args = []
-    for p in func.params:
-        if not isinstance(p.ty, tvm.ir.PrimType):  # a buffer parameter
-            shape = [int(d) if isinstance(d, (int, tvm.tirx.IntImm)) else sizes[str(d.name)] for d in p.shape]
-            dtype = str(p.dtype)
-            if str(p.name) == "attn":  # the run-time attention settings: the defaults, as a run has them
-                arr = AttentionConfig().as_array()
-            elif dtype.startswith("float"):
-                arr = (rng.standard_normal(shape) * 0.1).astype(dtype)
-            elif dtype == "int32":  # token ids
-                arr = np.zeros(shape, np.int32)
-            else:  # packed quants, scales as raw bytes
-                nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-                arr = rng.integers(0, 256, nbytes, dtype=np.uint8).view(dtype).reshape(shape)
-            args.append(tvm.runtime.tensor(arr))
-        else:
-            args.append({"pos": pos, "layer": 0, "kslot": 0, "vslot": 0}[str(p.name)])
-    return args
-
-
-def time_kernel(func, req: KernelRequest, target: TargetPreset, wl: Workload, repeat: int = 5) -> float:
-    """Median seconds per call of one kernel (a PrimFunc as `Rule.build_kernel` returns it)."""
-    import tvm
-
-    ex = tvm.compile(func.with_attr("global_symbol", "kernel"), target=target.tvm_target())
-    args = _inputs(func, req, wl, np.random.default_rng(0))
-    timer = ex.mod.time_evaluator("kernel", tvm.cpu(), number=1, repeat=repeat, min_repeat_ms=30)
-    return statistics.median(timer(*args).results)
+from .measure import Workload, time_kernel
 
 
 def _valid(rule, req, target, knobs: dict[str, int]) -> bool:
@@ -141,6 +88,7 @@ def tune_model(
     preset = resolve_target(target)
     gf = GGUFFile(resolve_model(model))
     cfg = ModelConfig.from_gguf(gf)
+    workload = dataclasses.replace(workload, layers=cfg.n_layers)  # attention steps through every layer's cache
     _, g = build_graph(gf, cfg, CompileOptions(target=preset.name), preset)
     pattern = re.compile(kernels) if kernels else None
     kernels = [k for k in lower(g, preset).kernels if rule_by_name(k.rule).knobs and (pattern is None or pattern.search(k.name))]

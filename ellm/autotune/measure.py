@@ -1,0 +1,122 @@
+"""The one timing harness of the tuner and `bench/kernels.py`: a kernel alone, with inputs of its real shapes,
+timed as a decode step sees it.
+
+One-token kernels stream their weights from DRAM in a real step (each layer's weights are evicted by the
+other layers'), so their weights rotate through copies totalling twice the last-level cache. Kernels that
+read the KV cache step through its layers. Prefill chunks are compute-bound and reuse their weights across
+tokens, so they are timed with one set. Times are medians of three timed passes after an untimed one and
+include the Python call (~1 us).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..kv.attention import AttentionConfig
+from ..kv.plan import KVPlan
+from ..schedules import KernelRequest
+
+WEIGHTS = ("w_", "gu_", "down_")  # packed weight components: what a decode step streams besides the KV cache
+
+
+@dataclass(frozen=True)
+class Workload:
+    tokens: int = 256  # symbolic token count of prefill kernels
+    ctx: int = 4096  # KV cache capacity; attention runs at the end of it
+    layers: int = 1  # KV cache layers a kernel that reads the cache steps through
+
+
+def inputs(func, req: KernelRequest, wl: Workload, rng) -> list:
+    """Random TVM arguments for every parameter of `func` (buffers and scalars)."""
+    import tvm
+
+    m = req.m if req.m is not None else wl.tokens
+    key = req.attr("kv_plan")
+    block = KVPlan.from_key(key).block if key else 64
+    sizes = {"T": m, "n": m, "C": wl.ctx, "NB": -(-wl.ctx // block)}  # NB: KV cache blocks
+    # a chunk ends at the cache's end and stores the blocks it completes; a one-token step stores a block
+    # only once every `block` steps, so it is timed at a position that completes none
+    pos = wl.ctx - m
+    if m == 1 and (pos + 1) % block == 0:
+        pos -= 1
+    args = []
+    for p in func.params:
+        if not isinstance(p.ty, tvm.ir.PrimType):  # a buffer parameter
+            shape = [int(d) if isinstance(d, (int, tvm.tirx.IntImm)) else sizes[str(d.name)] for d in p.shape]
+            dtype = str(p.dtype)
+            if str(p.name) == "attn":  # the run-time attention settings: the defaults, as a run has them
+                arr = AttentionConfig().as_array()
+            elif dtype.startswith("float"):
+                arr = (rng.standard_normal(shape) * 0.1).astype(dtype)
+            elif dtype == "int32":  # token ids
+                arr = np.zeros(shape, np.int32)
+            else:  # packed quants, scales as raw bytes
+                nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+                arr = rng.integers(0, 256, nbytes, dtype=np.uint8).view(dtype).reshape(shape)
+            args.append(tvm.runtime.tensor(arr))
+        else:
+            args.append({"pos": pos, "layer": 0, "kslot": 0, "vslot": 0}[str(p.name)])
+    return args
+
+
+def param_names(func) -> list[str]:
+    return [str(p.name) for p in func.params]
+
+
+def weight_bytes(func, args) -> int:
+    return sum(x.numpy().nbytes for n, x in zip(param_names(func), args) if n.startswith(WEIGHTS))
+
+
+def argument_sets(func, args, cold: bool, llc: int, layers: int = 1) -> list[list]:
+    """The argument lists one timing pass cycles through: with `cold`, copies of the weights totalling twice
+    `llc` bytes; for a kernel with a `layer` argument, each set once per KV layer."""
+    import tvm
+
+    names = param_names(func)
+    nbytes = weight_bytes(func, args)
+    copies = max(1, int(2 * llc // nbytes)) if nbytes and cold else 1
+    sets = [args]
+    if copies > 1:
+        sets = [[tvm.runtime.tensor(x.numpy()) if n.startswith(WEIGHTS) else x for n, x in zip(names, args)]
+                for _ in range(copies)]
+    if "layer" in names:
+        li = names.index("layer")
+        sets = [s[:li] + [i % layers] + s[li + 1:] for i, s in enumerate(sets * layers)]
+    return sets
+
+
+def time_calls(f, sets, calls: int) -> float:
+    """Median seconds per call over three timed passes of about `calls` calls each, after one untimed pass."""
+    for s in sets:
+        f(*s)
+    rounds = max(1, calls // len(sets))
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        for _ in range(rounds):
+            for s in sets:
+                f(*s)
+        times.append((time.perf_counter() - t) / (rounds * len(sets)))
+    return statistics.median(times)
+
+
+def last_level_cache() -> int:
+    from ..targets import detect_host
+
+    return max(detect_host().caches.get("L3", 0), 32 << 20)
+
+
+def time_kernel(func, req: KernelRequest, target, wl: Workload, cold: bool | None = None) -> float:
+    """Median seconds per call of one kernel (a PrimFunc as `Rule.build_kernel` returns it); `cold` defaults
+    to whether the kernel takes one token."""
+    import tvm
+
+    ex = tvm.compile(func.with_attr("global_symbol", "kernel"), target=target.tvm_target())
+    args = inputs(func, req, wl, np.random.default_rng(0))
+    cold = req.m == 1 if cold is None else cold
+    sets = argument_sets(func, args, cold, last_level_cache(), wl.layers)
+    return time_calls(ex["kernel"], sets, 100 if cold else 3)

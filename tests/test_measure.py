@@ -1,0 +1,41 @@
+"""The timing harness shared by the tuner and bench/kernels.py: one-token kernels see their weights cold,
+chunks hot, and kernels that read the KV cache step through its layers."""
+
+from __future__ import annotations
+
+import numpy as np
+from kernels import PRESET, matmul_request, select_rule
+from test_schedule_knobs import REQUESTS
+
+from ellm.autotune.measure import Workload, argument_sets, inputs, param_names, weight_bytes
+from ellm.quant import QuantType
+
+
+def _func(req):
+    rule = select_rule(req, PRESET)
+    return rule.build_kernel(req, PRESET, rule.default_knobs(req, PRESET))
+
+
+def test_cold_weights_rotate_through_twice_the_cache():
+    req = matmul_request(QuantType.Q4_1, 256, 512, m=1, layout="tile16", act_bits=8)
+    func = _func(req)
+    args = inputs(func, req, Workload(), np.random.default_rng(0))
+    nbytes = weight_bytes(func, args)
+    assert nbytes > 0
+    llc = 64 * nbytes
+    sets = argument_sets(func, args, cold=True, llc=llc)
+    assert len(sets) * nbytes >= 2 * llc - nbytes
+    w = [i for i, n in enumerate(param_names(func)) if n.startswith("w_")][0]
+    assert len({id(s[w]) for s in sets}) == len(sets)  # each set its own copy of the weights
+    assert len(argument_sets(func, args, cold=False, llc=llc)) == 1
+
+
+def test_kernels_that_read_the_cache_step_through_its_layers():
+    req, preset = REQUESTS["attention_decode"]
+    assert req.m == 1
+    rule = select_rule(req, preset)
+    func = rule.build_kernel(req, preset, rule.default_knobs(req, preset))
+    args = inputs(func, req, Workload(ctx=256), np.random.default_rng(0))
+    li = param_names(func).index("layer")
+    sets = argument_sets(func, args, cold=True, llc=1 << 20, layers=2)
+    assert sorted({s[li] for s in sets}) == [0, 1]
