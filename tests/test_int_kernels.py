@@ -19,7 +19,6 @@ from quantizers import quantize
 
 from ellm.quant import FORMATS, QuantType
 from ellm.quant.tiled import TILED_COMPONENTS, pack_tiled
-from ellm.schedules.inject_prefetch import inject_prefetch
 from ellm.schedules.intdot import Dot
 from ellm.targets import IsaClass
 
@@ -160,7 +159,7 @@ def _asm(preset, req, knobs=None, prefetch=True) -> str:
     from kernels import select_rule
 
     rule = select_rule(req, preset)
-    return asm(inject_prefetch(rule.build(req, preset, rule.resolve_knobs(req, preset, knobs)), enabled=prefetch), preset)
+    return asm(rule.build_kernel(req, preset, rule.resolve_knobs(req, preset, knobs), prefetch=prefetch), preset)
 
 
 def _count(text: str, mnemonic: str, reg: str) -> int:

@@ -68,7 +68,9 @@ def param_names(func) -> list[str]:
 
 
 def weight_bytes(func, args) -> int:
-    return sum(x.numpy().nbytes for n, x in zip(param_names(func), args) if n.startswith(WEIGHTS))
+    """Bytes of the packed weight arguments (from shapes and dtypes: no copy of the data)."""
+    return sum(int(np.prod(x.shape)) * np.dtype(str(x.dtype)).itemsize
+               for n, x in zip(param_names(func), args) if n.startswith(WEIGHTS))
 
 
 def argument_sets(func, args, cold: bool, llc: int, layers: int = 1) -> list[list]:

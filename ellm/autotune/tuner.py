@@ -10,10 +10,10 @@ their weights cold, at a representative workload (a prefill chunk of `tokens` to
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import re
-import dataclasses
 import time
 from typing import Callable
 
