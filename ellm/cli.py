@@ -51,20 +51,41 @@ def kv_types(a: argparse.Namespace) -> tuple[str, str]:
     return a.cache_type_k or a.kv_type, a.cache_type_v or a.kv_type
 
 
-def cmd_compile(a: argparse.Namespace) -> int:
-    from .compiler.build import CompileOptions, compile_model
+def compile_options(a: argparse.Namespace, target: str | None = None):
+    """CompileOptions from the options add_compile_option_args adds (compile, and tune: kernel keys must match)."""
+    from .compiler.build import CompileOptions
 
-    options = CompileOptions(
-        target=a.target,
+    return CompileOptions(
+        target=target or a.target,
         cache_type_k=kv_types(a)[0],
         cache_type_v=kv_types(a)[1],
         disable_passes=tuple(a.disable_pass or ()),
         enable_passes=tuple(a.enable_pass or ()),
-        tuning_db=Path(a.tuning_db) if a.tuning_db else None,
+        tuning_db=Path(a.tuning_db) if getattr(a, "tuning_db", None) else None,
         max_chunk=a.max_chunk,
         activations=a.activations,
         prefetch=not a.no_prefetch,
     )
+
+
+def add_compile_option_args(c: argparse.ArgumentParser) -> None:
+    """The options that change what compile builds (and so the kernels a tuning database must match)."""
+    add_kv_type_args(c)
+    c.add_argument("--disable-pass", action="append", metavar="PASS", help="skip a graph pass (repeatable)")
+    c.add_argument("--enable-pass", action="append", metavar="PASS", help="run an opt-in graph pass, e.g. fuse_ffn")
+    c.add_argument(
+        "--activations", choices=["auto", "int16", "int8", "f32"], default="auto",
+        help="matmul activations: int16/int8 integer kernels, f32 float kernels (auto, on AVX2 and later: int8 for prefill "
+             "chunks; int16 for one-token steps with 512-bit dot products, int8 with 256-bit ones)",
+    )
+    c.add_argument("--no-prefetch", action="store_true", help="compile without software prefetch")
+    c.add_argument("--max-chunk", type=_positive_int, default=256, help="most tokens per prefill step (default 256)")
+
+
+def cmd_compile(a: argparse.Namespace) -> int:
+    from .compiler.build import compile_model
+
+    options = compile_options(a)
     report = compile_model(a.model, a.output, options, force=a.force, log=lambda s: print(s, file=sys.stderr))
     print(
         f"wrote {report.path} ({report.artifact_bytes / 1e6:.1f} MB, {report.kernels} kernels, "
@@ -192,18 +213,6 @@ def cmd_targets(a: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_tune(a: argparse.Namespace) -> int:
-    from .autotune.tuner import Workload, tune_model
-
-    db = tune_model(
-        a.model, a.output, target=a.target, budget=a.budget, threads=a.threads,
-        workload=Workload(tokens=a.tokens, ctx=a.ctx), log=print, kernels=a.kernels,
-    )
-    failed = f", {len(db.failures())} failed candidates recorded" if db.failures() else ""
-    print(f"wrote {a.output} ({len(db.records())} kernels{failed})", file=sys.stderr)
-    return 0
-
-
 def cmd_bench(a: argparse.Namespace) -> int:
     from .bench.runner import BenchConfig, format_table, llama_configs, run_bench
     from .demo import cached_artifact
@@ -302,17 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--target", default="auto",
                    help="target preset, 'auto' (this CPU), or several separated by commas: one artifact for a fleet, "
                         "the best target a CPU can run chosen at load (see `ellm targets`)")
-    add_kv_type_args(c)
-    c.add_argument("--disable-pass", action="append", metavar="PASS", help="skip a graph pass (repeatable)")
-    c.add_argument("--enable-pass", action="append", metavar="PASS", help="run an opt-in graph pass, e.g. fuse_ffn")
-    c.add_argument("--tuning-db", help="JSON tuning database with schedule knobs (ellm tune)")
-    c.add_argument(
-        "--activations", choices=["auto", "int16", "int8", "f32"], default="auto",
-        help="matmul activations: int16/int8 integer kernels, f32 float kernels (auto, on AVX2 and later: int8 for prefill "
-             "chunks; int16 for one-token steps with 512-bit dot products, int8 with 256-bit ones)",
-    )
-    c.add_argument("--no-prefetch", action="store_true", help="compile without software prefetch")
-    c.add_argument("--max-chunk", type=_positive_int, default=256, help="most tokens per prefill step (default 256)")
+    add_compile_option_args(c)
+    c.add_argument("--tuning-db", help="tuning database (JSON lines, from `ellm tune`) with schedule knobs")
     c.add_argument("--force", action="store_true", help="replace an existing output directory")
     c.set_defaults(func=cmd_compile)
 
@@ -342,16 +342,9 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("targets", help="show the detected CPU and the target presets")
     t.set_defaults(func=cmd_targets)
 
-    tu = sub.add_parser("tune", help="search schedule knobs for this CPU; write a tuning database for `compile --tuning-db`")
-    tu.add_argument("model", nargs="?", help="GGUF file (default: the bundled model)")
-    tu.add_argument("-o", "--output", required=True, help="tuning database (JSON; existing records are kept if faster)")
-    tu.add_argument("--target", default="auto")
-    tu.add_argument("--budget", type=_positive_int, default=8, help="configurations timed per kernel")
-    tu.add_argument("--threads", type=_positive_int, default=None)
-    tu.add_argument("--tokens", type=_positive_int, default=256, help="prefill chunk the kernels are timed at")
-    tu.add_argument("--ctx", type=_positive_int, default=4096, help="context the attention kernels are timed at")
-    tu.add_argument("--kernels", type=_regex, default=None, metavar="REGEX", help="tune only kernels whose name matches")
-    tu.set_defaults(func=cmd_tune)
+    from .autotune.cli import add_parser as add_tune_parser
+
+    add_tune_parser(sub)
 
     b = sub.add_parser("bench", help="decode/prefill speed vs measured memory bandwidth, optionally vs llama.cpp")
     b.add_argument("artifact", nargs="?", help="artifact directory (default: the bundled model, compiled and cached)")
@@ -391,6 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["tune", "report"]:  # `ellm tune report DB`: the report, not a model named "report"
+        argv = ["tune-report", *argv[2:]]
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -8,19 +8,19 @@ from kernels import PRESET, matmul_request, select_rule
 from synthetic import write_model
 
 from ellm.autotune import TuningDatabase, TuningRecord
-from ellm.autotune.tuner import Workload, tune_model
+from ellm.autotune.tuner import TuneOptions, Workload, tune_model
 from ellm.compiler.build import CompileOptions, compile_model
 from ellm.quant import QuantType
 
 
 def test_database_keeps_the_fastest(tmp_path):
-    db = TuningDatabase(tmp_path / "db.json")
+    db = TuningDatabase(tmp_path / "db.jsonl")
     rec = dict(target="znver4", cpu="x", kernel="k", rule="gemv", threads=2)
     assert db.add(TuningRecord(knobs={"rows_per_task": 8}, seconds=2e-5, **rec))
     assert not db.add(TuningRecord(knobs={"rows_per_task": 4}, seconds=3e-5, **rec))
     assert db.add(TuningRecord(knobs={"rows_per_task": 16}, seconds=1e-5, **rec))
     db.save()
-    again = TuningDatabase.open(tmp_path / "db.json")
+    again = TuningDatabase.open(tmp_path / "db.jsonl")
     assert again.best("znver4", "k", "gemv").knobs == {"rows_per_task": 16}
 
 
@@ -28,12 +28,12 @@ def test_tune_then_compile_uses_the_tuned_knobs(tmp_path):
     model = write_model(tmp_path / "m.gguf", n_layers=1)
     """Tunes for this host's target (tuning runs the kernels)."""
     target = PRESET.name
-    db = tune_model(model, tmp_path / "tune.json", target=target, budget=2, threads=2, workload=Workload(tokens=32, ctx=256))
+    db = tune_model(model, tmp_path / "tune.jsonl", target=target, threads=2, options=TuneOptions("random", trials=2, workers=0), workload=Workload(tokens=32, ctx=256))
     records = db.records()
     gemv = select_rule(matmul_request(QuantType.Q4_K, 64, 256, m=1, layout="tile16", act_bits=16), PRESET).name
     assert {r.rule for r in records} >= {gemv, "attention_input", "attention_decode"}
     assert all(r.seconds > 0 for r in records)
-    report = compile_model(model, tmp_path / "art", CompileOptions(target=target, tuning_db=tmp_path / "tune.json"))
+    report = compile_model(model, tmp_path / "art", CompileOptions(target=target, tuning_db=tmp_path / "tune.jsonl"))
     art = report.path
     (line,) = report.tuning  # every tuned kernel found, measured on this CPU with these threads
     assert f"{len(records)} kernels tuned ({len(records)} measured on this CPU model with 2 threads" in line

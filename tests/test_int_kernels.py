@@ -34,12 +34,12 @@ def _weights(qtype, n, k, seed=0):
     return raw, dequantize(raw, G(int(qtype))).reshape(n, k).astype(np.float64)
 
 
-def _run(preset, raw, qtype, n, k, m, bits, x, norm=None, bias=None, residual=None, **req_kw):
+def _run(preset, raw, qtype, n, k, m, bits, x, norm=None, bias=None, residual=None, knobs=None, **req_kw):
     req = matmul_request(
         qtype, n, k, m=1 if m == 1 else None, layout="tile16", act_bits=bits,
         norm=norm is not None, bias=bias is not None, residual=residual is not None, **req_kw,
     )
-    rule, f = build_request(req, preset=preset)
+    rule, f = build_request(req, knobs, preset=preset)
     assert rule.name == f"{RULE_PREFIX[preset.isa if preset.isa is not IsaClass.AMX else IsaClass.AVX512_VNNI]}_{'gemv' if m == 1 else 'gemm'}"
     comps = pack_tiled(raw, qtype)
     args = [x] + ([residual] if residual is not None else []) + [comps[c.name] for c in TILED_COMPONENTS[qtype]]
@@ -53,12 +53,16 @@ def _run(preset, raw, qtype, n, k, m, bits, x, norm=None, bias=None, residual=No
 @pytest.mark.parametrize("qtype", INT_TYPES, ids=lambda q: q.name)
 @pytest.mark.parametrize("m", [1, 3, 16, 64, 512])
 def test_int_matmul(preset, qtype, m, bits):
-    n, k = 64, 512
+    assert int_matmul_error(preset, qtype, m, bits) <= RTOL[bits]
+
+
+def int_matmul_error(preset, qtype, m, bits, knobs=None, n=64, k=512) -> float:
+    """Largest error of the integer matmul against float64 (x @ W.T), relative to the largest output."""
     raw, W = _weights(qtype, n, k)
     x = np.random.default_rng(m).standard_normal((m, k)).astype(np.float32)
-    out = _run(preset, raw, qtype, n, k, m, bits, x)
+    out = _run(preset, raw, qtype, n, k, m, bits, x, knobs=knobs)
     ref = x.astype(np.float64) @ W.T
-    assert np.abs(out - ref).max() <= RTOL[bits] * np.abs(ref).max()
+    return float(np.abs(out - ref).max() / np.abs(ref).max())
 
 
 def _extreme_blocks(qtype: QuantType, n: int, k: int, rng) -> np.ndarray:

@@ -97,7 +97,7 @@ def _requests(plan: KVPlan, H: int, layer: int):
 def _kernels(append_req, pre_req, dec_req, chunk, preset=None):
     f_app = build(build_request(append_req, preset=preset)[1], preset)["kv_append"]
     f_pre = build(build_request(pre_req, preset=preset)[1], preset)["attention"] if pre_req is not None else None
-    f_dec = build(build_request(dec_req, {"chunk": chunk}, preset=preset)[1], preset)["attention"]
+    f_dec = build(build_request(dec_req, {"chunk_blocks": chunk // 64}, preset=preset)[1], preset)["attention"]
     return f_app, f_pre, f_dec
 
 
@@ -153,27 +153,43 @@ def test_append_age_and_attend(kt, vt, preset):
 @pytest.mark.parametrize("kt,vt,chunk", [(Q8, Q4, 512), (Q4, Q8, 128)])
 def test_long_context_decode(kt, vt, chunk, preset):
     """Split-K decode at 4,090 tokens (many chunks, a partial last block) over quantised blocks."""
-    import tvm
+    assert FilledCache(kt, vt, preset, ctx=4090).excess({"chunk_blocks": chunk // 64}) < 2e-4
 
-    H, Hkv, hd, layer = 9, 3, 64, 0
-    plan = KVPlan.uniform(1, Hkv, hd, kt, vt, max_chunk=256, block=64, recent=2)
-    append_req, (_, dec_req) = _requests(plan, H, layer)
-    f_app, _, f_dec = _kernels(append_req, None, dec_req, chunk, preset)
-    rng = np.random.default_rng(7)
-    ctx = 4090
-    k_all = (rng.standard_normal((Hkv, ctx, hd)) * 2).astype(np.float32)
-    v_all = rng.standard_normal((Hkv, ctx, hd)).astype(np.float32)
-    state = [tvm.runtime.tensor(a) for a in empty_state(plan, ctx)]
-    args = layer_args(plan, layer, state)
-    for pos in range(0, ctx, 256):
-        n = min(256, ctx - pos)
-        kk = np.ascontiguousarray(k_all[:, pos : pos + n].transpose(1, 0, 2).reshape(n, -1))
-        vv = np.ascontiguousarray(v_all[:, pos : pos + n].transpose(1, 0, 2).reshape(n, -1))
-        f_app(*args, tvm.runtime.tensor(kk), tvm.runtime.tensor(vv), pos, layer, 0, 0)
-    q = rng.standard_normal((1, H * hd)).astype(np.float32)
-    out = tvm.runtime.tensor(np.zeros((1, H * hd), np.float32))
-    f_dec(tvm.runtime.tensor(q), *args, tvm.runtime.tensor(DENSE), ctx - 1, layer, 0, 0, out)
-    assert excess(out.numpy()[0], attend_ref(plan, layer, k_all, v_all, q[0], ctx - 1, H, int_bits(preset))) < 2e-4
+
+class FilledCache:
+    """A KV state holding `ctx` appended tokens over quantised blocks, and the NumPy model's answer for one
+    decode query at its end: decode kernels of any knobs are checked against it."""
+
+    def __init__(self, kt, vt, preset=None, ctx=4090, H=9, Hkv=3, hd=64):
+        import tvm
+
+        self.preset, self.H, self.ctx, layer = preset, H, ctx, 0
+        self.plan = plan = KVPlan.uniform(1, Hkv, hd, kt, vt, max_chunk=256, block=64, recent=2)
+        append_req, (_, self.dec_req) = _requests(plan, H, layer)
+        f_app = build(build_request(append_req, preset=preset)[1], preset)["kv_append"]
+        rng = np.random.default_rng(7)
+        k_all = (rng.standard_normal((Hkv, ctx, hd)) * 2).astype(np.float32)
+        v_all = rng.standard_normal((Hkv, ctx, hd)).astype(np.float32)
+        self.state = [tvm.runtime.tensor(a) for a in empty_state(plan, ctx)]
+        self.args = layer_args(plan, layer, self.state)
+        for pos in range(0, ctx, 256):
+            n = min(256, ctx - pos)
+            kk = np.ascontiguousarray(k_all[:, pos : pos + n].transpose(1, 0, 2).reshape(n, -1))
+            vv = np.ascontiguousarray(v_all[:, pos : pos + n].transpose(1, 0, 2).reshape(n, -1))
+            f_app(*self.args, tvm.runtime.tensor(kk), tvm.runtime.tensor(vv), pos, layer, 0, 0)
+        self.q = rng.standard_normal((1, H * hd)).astype(np.float32)
+        self.ref = attend_ref(plan, layer, k_all, v_all, self.q[0], ctx - 1, H, int_bits(preset))
+
+    def excess(self, knobs) -> float:
+        """How far decode with `knobs` lands from the model, beyond the model's rounding slack."""
+        import tvm
+
+        rule, f = build_request(self.dec_req, knobs, preset=self.preset)
+        assert rule.name == "attention_decode"
+        out = tvm.runtime.tensor(np.zeros((1, self.q.shape[1]), np.float32))
+        build(f, self.preset)["attention"](tvm.runtime.tensor(self.q), *self.args, tvm.runtime.tensor(DENSE),
+                                           self.ctx - 1, 0, 0, 0, out)
+        return excess(out.numpy()[0], self.ref)
 
 
 def _filled(plan, layer, ctx, seed, step=100):

@@ -19,8 +19,8 @@ from test_schedule_knobs import REQUESTS
 
 import tvm
 from ellm.autotune import TuningDatabase
-from ellm.autotune import tuner
-from ellm.autotune.tuner import Workload, candidates, search_knobs, tune_model
+from ellm.autotune.tuner import TuneOptions, Workload, candidates, search_knobs, tune_model
+from ellm.compiler.build import CompileOptions
 from ellm.schedules import RULES, rule_by_name, select_rule
 
 
@@ -41,41 +41,51 @@ def test_one_token_candidates_are_distinct_kernels(name):
     rule = select_rule(req, preset)
     assert rule.name == name
     assert "tokens_per_tile" not in {k.name for k in search_knobs(rule, req, preset)}
-    points = candidates(rule, req, preset, budget=100)
-    assert len(points) > 1
+    points = candidates(rule, req, preset, budget=6)
+    assert len(points) == 6
     codes = [_asm(rule, req, preset, p) for p in points]
     assert len(set(codes)) == len(codes)
 
 
-def test_gemv_without_prefetch_has_one_candidate_per_kind():
-    """prefetch_bytes=0 with either prefetch kind is one kernel: one candidate."""
+def test_moot_knobs_make_one_point():
+    """prefetch_bytes=0 with any prefetch kind is one kernel, and so is one row tile per task, adjacent or
+    spread: the space holds one point for each, and the kernels they stand for are indeed the same."""
     req, preset = REQUESTS["avx2_gemv"]
     rule = select_rule(req, preset)
-    points = candidates(rule, req, preset, budget=100)
-    no_pf = [p for p in points if p["prefetch_bytes"] == 0]
-    assert len(no_pf) == len({p["tiles_per_task"] for p in no_pf})
-    codes = [_asm(rule, req, preset, p) for p in points]
-    assert len(set(codes)) == len(codes)
+    space = rule.space(req, preset)
+    rest = lambda p, *drop: tuple(v for k, v in sorted(p.items()) if k not in drop)  # noqa: E731
+    no_pf = [p for p in space.points() if p["prefetch_bytes"] == 0]
+    assert no_pf and len(no_pf) == len({rest(p, "prefetch_locality") for p in no_pf})
+    one = [p for p in space.points() if p["tiles_per_task"] == 1]
+    assert one and len(one) == len({rest(p, "strided_tiles") for p in one})
+    base = space.default
+    same = [{**base, "prefetch_bytes": 0, "prefetch_locality": 0}, {**base, "prefetch_bytes": 0, "prefetch_locality": 3}]
+    assert _asm(rule, req, preset, same[0]) == _asm(rule, req, preset, same[1])
+    assert _asm(rule, req, preset, {**base, "tiles_per_task": 1, "strided_tiles": 0}) == \
+        _asm(rule, req, preset, {**base, "tiles_per_task": 1, "strided_tiles": 1})
 
 
-def test_tuner_times_the_kernel_compile_ships(monkeypatch):
-    """The prefetch knob must change what is timed: the timed kernel carries the injected prefetches."""
+def _disassembly(path) -> str:
+    import subprocess
+
+    return subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(path)], capture_output=True, text=True, check=True).stdout
+
+
+def test_tuner_times_the_kernel_compile_ships(tmp_path):
+    """The prefetch knob must change what is timed: the library a candidate is timed from carries the
+    injected prefetches (and none without them)."""
+    from ellm.autotune.builder import BuildJob, build_one
+
     req, preset = REQUESTS["avx2_gemv"]
     rule = select_rule(req, preset)
-    timed = []
-
-    def fake_time(func, *args, **kw):
-        timed.append(func)
-        return 1e-5
-
-    monkeypatch.setattr(tuner, "time_kernel", fake_time)
+    libs = {}
     for pf in (0, 4096):
-        knobs = rule.resolve_knobs(req, preset, {"prefetch_bytes": pf, "prefetch_nta": 1})
-        assert tuner.measure(rule, req, preset, knobs, Workload())[0] == "ok"
-    asm0, asm4k = (tvm.compile(timed[i].with_attr("global_symbol", "k"), target=preset.tvm_target())
-                   .mod.inspect_source("asm") for i in (0, 1))
-    assert "prefetchnta" not in asm0
-    assert "prefetchnta" in asm4k
+        knobs = rule.resolve_knobs(req, preset, {"prefetch_bytes": pf, "prefetch_locality": 0})
+        built = build_one(BuildJob(rule.name, req, preset.name, knobs), str(tmp_path))
+        assert built.status == "ok", built.message
+        libs[pf] = _disassembly(built.path)
+    assert "prefetchnta" not in libs[0]
+    assert "prefetchnta" in libs[4096]
 
 
 def test_numerics_knobs_are_not_searched_on_speed():
@@ -98,23 +108,45 @@ def test_a_candidate_that_fails_to_build_does_not_end_the_run(tmp_path, monkeypa
     real = type(rule).build
 
     def build(self, req, target, knobs):
-        if knobs["chunk"] != rule.default_knobs(req, target)["chunk"]:
+        if knobs != rule.default_knobs(req, target):
             raise RuntimeError("a schedule the target cannot take")
         return real(self, req, target, knobs)
 
     monkeypatch.setattr(type(rule), "build", build)
-    db = tune_model(model, tmp_path / "db.json", target=PRESET.name, budget=3, threads=2,
-                    workload=Workload(tokens=16, ctx=256), kernels=r"^attention_m1_")
+    db = tune_model(model, tmp_path / "db.jsonl", target=PRESET.name, threads=2, workload=Workload(tokens=16, ctx=256),
+                    kernels=r"^attention_m1_", options=TuneOptions("random", trials=3, workers=0))
     fails = db.failures()
     assert len(fails) == 2 and all(f.status == "build_error" and "cannot take" in f.message for f in fails)
     (best,) = db.records()  # the default, the one candidate that built
-    assert best.rule == "attention_decode" and best.status == "ok" and best.seconds > 0
-    assert best.knobs["chunk"] not in {f.knobs["chunk"] for f in fails}
-    again = TuningDatabase.open(tmp_path / "db.json")
-    assert len(again.failures()) == 2 and len(again.records()) == 1
+    assert best.rule == "attention_decode" and best.status == "ok" and best.seconds > 0 and best.trial == 0
+    assert all(f.knobs != best.knobs for f in fails)
+    again = TuningDatabase.open(tmp_path / "db.jsonl")
+    assert len(again.failures()) == 2 and len(again.records()) == 1 and len(again.trials()) == 3
+
+
+def test_a_candidate_with_wrong_results_is_recorded_and_skipped(tmp_path, monkeypatch):
+    """A point whose kernel computes something else (here: 8-bit activations for a 16-bit request) is
+    caught by the check against the default before it is timed, and never becomes the best."""
+    import dataclasses as dc
+
+    model = write_model(tmp_path / "m.gguf", n_layers=1)
+    rule = next(r for r in RULES if r.name.endswith("_gemv") and r.isa_applies(PRESET))
+    real = type(rule).build
+
+    def build(self, req, target, knobs):
+        if knobs != self.default_knobs(req, target):
+            req = dc.replace(req, attrs=tuple((k, 8 if k == "act_bits" else v) for k, v in req.attrs))
+        return real(self, req, target, knobs)
+
+    monkeypatch.setattr(type(rule), "build", build)
+    db = tune_model(model, tmp_path / "db.jsonl", target=PRESET.name, threads=2, kernels=r"^matmul_.*_m1_",
+                    options=TuneOptions("random", trials=3, workers=0), compile_options=CompileOptions(activations="int16"))
+    wrong = [r for r in db.trials() if r.status == "wrong"]
+    assert wrong and all("differs from the default" in r.message for r in wrong)
+    assert all(r.trial == 0 for r in db.records())
 
 
 def test_space_of_every_rule_is_within_its_knobs():
     for name, (req, preset) in REQUESTS.items():
         rule = select_rule(req, preset)
-        assert {k.name for k in rule.space(req, preset)} <= {k.name for k in rule.knobs}
+        assert {k.name for k in rule.space(req, preset).knobs} <= {k.name for k in rule.knobs}

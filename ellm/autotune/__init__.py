@@ -1,5 +1,21 @@
-"""Per-CPU-model schedule search and tuning databases."""
+"""Per-CPU-model schedule search and tuning databases.
 
-from .database import TuningDatabase, TuningRecord
+The pieces, each replaceable: a rule's `Space` (schedules/space.py), a `Strategy` (strategies.py) proposing
+points, a `CostModel` (cost_model.py) for model-guided search, a builder (builder.py: parallel worker
+processes) and a runner (runner.py: check against the default, then time with measure.py), tied together
+by `search_kernel` and `tune_model` (tuner.py); every trial lands in a `TuningDatabase` (database.py).
+"""
 
-__all__ = ["TuningDatabase", "TuningRecord"]
+from ..schedules.space import Constraint, Knob, Space
+from .builder import BuildJob, Built, LocalBuilder
+from .cost_model import CostModel
+from .database import TuningDatabase, TuningLookup, TuningRecord
+from .runner import LocalRunner, Trial
+from .strategies import STRATEGIES, EvolutionarySearch, GridSearch, ModelSearch, RandomSearch, Strategy
+from .tuner import KernelSearch, TuneOptions, search_kernel, tune_model
+
+__all__ = [
+    "STRATEGIES", "BuildJob", "Built", "Constraint", "CostModel", "EvolutionarySearch", "GridSearch", "KernelSearch", "Knob",
+    "LocalBuilder", "LocalRunner", "ModelSearch", "RandomSearch", "Space", "Strategy", "Trial", "TuneOptions",
+    "TuningDatabase", "TuningLookup", "TuningRecord", "search_kernel", "tune_model",
+]

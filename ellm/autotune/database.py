@@ -1,43 +1,75 @@
-"""Tuning database: the best measured knobs per (target preset, CPU model, threads, kernel), as a JSON file
-written atomically. Lookups prefer records measured on the same CPU model with the same thread count and
-fall back to the same target preset; a record slower than its kernel's default is never applied."""
+"""Tuning database: every trial of every tuning run, one JSON record per line, appended atomically (one
+`write` of a whole line to a file opened for appending, then fsync), so runs on a fleet can share a file
+and a crash leaves at most a torn last line, which reading skips.
+
+Lookups use the best record per (target preset, CPU model, threads, kernel): they prefer records measured
+on the same CPU model with the same thread count and fall back to the same preset, ranking records of other
+CPUs by their gain over their own default. A record slower than its kernel's default is never applied.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import EllmError
 from ..fsutil import atomic_write_text
 from ..schedules import KernelRequest, rule_by_name
+from ..targets import get_preset
 
 DB_FORMAT = "ellm-tuning-db"
-DB_VERSION = 1
+DB_VERSION = 2
+
+
+def versions() -> dict[str, str]:
+    import tvm
+
+    from .. import __version__
+
+    return {"ellm": __version__, "tvm": str(tvm.__version__)}
 
 
 @dataclass(frozen=True)
 class TuningRecord:
     target: str  # preset name the kernel is compiled for
     cpu: str  # model name of the CPU it was measured on
-    kernel: str  # KernelRequest.key()
+    kernel: str  # KernelRequest.key(): rule inputs, shapes, dtypes and the compile options that reach the kernel
     rule: str
     knobs: dict[str, int]
-    seconds: float  # median time of one call
+    seconds: float  # median time of one call (0 for a failed trial)
     threads: int
-    workload: dict[str, Any] = field(default_factory=dict)  # the request, for people reading the file
+    workload: dict[str, Any] = field(default_factory=dict)  # the request (KernelRequest.describe()), for readers
     measured_unix: int = 0
-    status: str = "ok"  # ok, build_error, run_error: failed candidates are kept, never chosen
-    message: str = ""  # what went wrong, for a failed candidate
+    status: str = "ok"  # ok, build_error, run_error, wrong: failed trials are kept, never chosen
+    message: str = ""  # what went wrong, for a failed trial
     default_seconds: float = 0.0  # the kernel's default knobs in the same run (0: not measured)
+    cpu_features: list[str] = field(default_factory=list)  # the measuring CPU's compute features
+    stats: dict[str, float] = field(default_factory=dict)  # median, min, max seconds; passes, calls per pass
+    strategy: str = ""  # the search that proposed it
+    trial: int = 0  # its index in the kernel's search (0: the default)
+    elapsed_s: float = 0.0  # wall time into the kernel's search when it finished
+    runner: str = "local"  # where it was measured: local, or rpc:<key>@<server>
+    options: dict[str, Any] = field(default_factory=dict)  # compile options and workload of the run
+    versions: dict[str, str] = field(default_factory=dict)  # eLLM and TVM versions
 
     def key(self) -> tuple[str, str, int, str, str]:
         return (self.target, self.cpu, self.threads, self.kernel, self.rule)
 
     def beats_default(self) -> bool:
         return self.default_seconds <= 0 or self.seconds <= self.default_seconds
+
+    def gain(self) -> float:
+        """Default time over this record's (1: no evidence of a gain)."""
+        return self.default_seconds / self.seconds if self.default_seconds > 0 and self.seconds > 0 else 1.0
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> TuningRecord:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in doc.items() if k in known})
 
 
 @dataclass
@@ -52,17 +84,23 @@ class TuningLookup:
     hits: dict[str, str] = field(default_factory=dict)  # kernel -> "cpu" (same CPU and threads) or "target"
     misses: set[str] = field(default_factory=set)  # kernels with knobs and no usable record: defaults
     slower: set[str] = field(default_factory=set)  # kernels whose record lost to the default: defaults
+    stale: set[str] = field(default_factory=set)  # records whose knobs the rule no longer takes: defaults
 
     def __call__(self, req: KernelRequest, rule: str) -> Mapping[str, int] | None:
         kernel = req.key()
         exact = self.db.best(self.target, kernel, rule, self.cpu, self.threads)
         rec, level = (exact, "cpu") if exact else (self.db.best(self.target, kernel, rule), "target")
-        if rec is not None and not rec.beats_default():
+        if rec is not None and not rec.beats_default():  # measured here: the default is the fastest
             self.slower.add(kernel)
             return None
         if rec is None:
             if rule_by_name(rule).knobs:
                 self.misses.add(kernel)
+            return None
+        try:  # knobs of an older version of the rule, or for a shape they do not fit
+            rule_by_name(rule).resolve_knobs(req, get_preset(self.target), rec.knobs)
+        except ValueError:
+            self.stale.add(kernel)
             return None
         self.hits[kernel] = level
         return dict(rec.knobs)
@@ -74,40 +112,59 @@ class TuningLookup:
                 f"{len(self.misses)} not in it")
         if self.slower:
             text += f", {len(self.slower)} whose record was slower than the default"
-        if self.misses or self.slower:
-            text += f"; these keep their defaults: {', '.join(sorted(self.misses | self.slower))}"
+        if self.stale:
+            text += f", {len(self.stale)} with knobs this version does not take"
+        kept = self.misses | self.slower | self.stale
+        if kept:
+            text += f"; these keep their defaults: {', '.join(sorted(kept))}"
         return text
 
 
 class TuningDatabase:
     def __init__(self, path: Path | None = None, records: list[TuningRecord] | None = None):
-        self.path = path
+        self.path = Path(path) if path else None
+        self._trials: list[TuningRecord] = []
         self._best: dict[tuple[str, str, int, str, str], TuningRecord] = {}
-        self._failed: list[TuningRecord] = []
         for r in records or []:
             self.add(r)
 
     @classmethod
     def open(cls, path: str | Path) -> TuningDatabase:
+        """The database at `path` (empty if there is none yet). A torn last line (a crash mid-append) is skipped."""
         path = Path(path)
+        db = cls(path)
         if not path.exists():
-            return cls(path)
+            return db
         try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
+            lines = path.read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as e:
             raise EllmError(f"cannot read tuning database {path}: {e}") from None
-        if data.get("format") != DB_FORMAT or data.get("version") != DB_VERSION:
-            raise EllmError(f"{path} is not an eLLM tuning database (version {DB_VERSION})")
-        try:
-            return cls(path, [TuningRecord(**r) for r in data["records"]])
-        except TypeError as e:
-            raise EllmError(f"malformed record in tuning database {path}: {e}") from None
+        for i, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                if i == len(lines) - 1:
+                    continue
+                raise EllmError(f"{path}:{i + 1}: not a JSON record: the tuning database is damaged") from None
+            if i == 0 and isinstance(doc, dict) and doc.get("format") == DB_FORMAT:
+                if doc.get("version") != DB_VERSION:
+                    raise EllmError(f"{path} is a version {doc.get('version')} tuning database; this eLLM reads "
+                                    f"version {DB_VERSION}: tune again")
+                continue
+            if i == 0:
+                raise EllmError(f"{path} is not an eLLM tuning database (JSON lines, version {DB_VERSION})")
+            try:
+                db.add(TuningRecord.from_json(doc))
+            except TypeError as e:
+                raise EllmError(f"{path}:{i + 1}: malformed tuning record: {e}") from None
+        return db
 
     def add(self, record: TuningRecord) -> bool:
-        """Keep `record` if it is the fastest for its (target, CPU, threads, kernel, rule); True if it was kept.
-        A failed candidate is kept as such and never becomes the best."""
+        """Hold `record` (in memory); True if it became the best of its (target, CPU, threads, kernel, rule)."""
+        self._trials.append(record)
         if record.status != "ok":
-            self._failed.append(record)
             return False
         key = record.key()
         old = self._best.get(key)
@@ -116,31 +173,59 @@ class TuningDatabase:
             return True
         return False
 
+    def append(self, record: TuningRecord) -> bool:
+        """`add`, and append the record to the file at once."""
+        kept = self.add(record)
+        if self.path is not None:
+            header = not self.path.exists() or self.path.stat().st_size == 0
+            line = (_header() if header else "") + json.dumps(asdict(record), sort_keys=True) + "\n"
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                os.write(fd, line.encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        return kept
+
+    def trials(self) -> list[TuningRecord]:
+        """Every record, in the order added."""
+        return list(self._trials)
+
     def records(self) -> list[TuningRecord]:
         """The best record of each kernel, per CPU model and thread count."""
         return sorted(self._best.values(), key=TuningRecord.key)
 
     def failures(self) -> list[TuningRecord]:
-        return list(self._failed)
+        return [r for r in self._trials if r.status != "ok"]
 
     def best(self, target: str, kernel: str, rule: str, cpu: str | None = None, threads: int | None = None) -> TuningRecord | None:
-        """The fastest record of a kernel on `cpu` with `threads`; without them, the fastest on any CPU of the
-        target preset (relative to its own default where that was measured, since CPUs differ in speed)."""
+        """The fastest record of a kernel on `cpu` with `threads`; without them, the one with the largest gain
+        over its own default on any CPU of the target preset (CPUs differ in speed, not only in shape)."""
         if cpu is not None and threads is not None:
             return self._best.get((target, cpu, threads, kernel, rule))
         found = [r for k, r in self._best.items() if (k[0], k[3], k[4]) == (target, kernel, rule)]
-        return min(found, key=lambda r: r.seconds / r.default_seconds if r.default_seconds > 0 else r.seconds, default=None)
+        return max(found, key=TuningRecord.gain, default=None)
 
     def merge(self, other: "TuningDatabase") -> None:
-        for r in other.records():
-            self.add(r)
-        self._failed.extend(other.failures())
+        """Add another database's trials (a fleet's records combine); identical records are kept once."""
+        have = {json.dumps(asdict(r), sort_keys=True) for r in self._trials}
+        for r in other.trials():
+            if json.dumps(asdict(r), sort_keys=True) not in have:
+                self.add(r)
 
     def lookup_for(self, target: str, cpu: str, threads: int) -> TuningLookup:
         """A knob lookup for lowering: (request, rule name) -> best knobs or None, tallying hits and misses."""
         return TuningLookup(self, target, cpu, threads)
 
     def save(self, path: str | Path | None = None) -> None:
+        """Write every record to `path` (default: this database's file) atomically."""
         path = Path(path or self.path)
-        doc = {"format": DB_FORMAT, "version": DB_VERSION, "saved_unix": int(time.time()), "records": [asdict(r) for r in self.records() + self._failed]}
-        atomic_write_text(path, json.dumps(doc, indent=1))
+        text = _header() + "".join(json.dumps(asdict(r), sort_keys=True) + "\n" for r in self._trials)
+        atomic_write_text(path, text)
+
+
+def _header() -> str:
+    return json.dumps({"format": DB_FORMAT, "version": DB_VERSION, "created_unix": int(time.time())}) + "\n"
+
+
+__all__ = ["DB_FORMAT", "DB_VERSION", "TuningDatabase", "TuningLookup", "TuningRecord", "versions"]

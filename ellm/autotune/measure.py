@@ -91,19 +91,29 @@ def argument_sets(func, args, cold: bool, llc: int, layers: int = 1) -> list[lis
     return sets
 
 
-def time_calls(f, sets, calls: int) -> float:
-    """Median seconds per call over three timed passes of about `calls` calls each, after one untimed pass."""
+def time_passes(f, sets, calls: int, passes: int = 3) -> list[float]:
+    """Seconds per call in each of `passes` timed passes of about `calls` calls, after one untimed pass."""
     for s in sets:
         f(*s)
     rounds = max(1, calls // len(sets))
     times = []
-    for _ in range(3):
+    for _ in range(passes):
         t = time.perf_counter()
         for _ in range(rounds):
             for s in sets:
                 f(*s)
         times.append((time.perf_counter() - t) / (rounds * len(sets)))
-    return statistics.median(times)
+    return times
+
+
+def time_calls(f, sets, calls: int) -> float:
+    """Median seconds per call over three timed passes of about `calls` calls each, after one untimed pass."""
+    return statistics.median(time_passes(f, sets, calls))
+
+
+def calls_for(req: KernelRequest, cold: bool) -> int:
+    """Calls per timed pass: many for one-token kernels (microseconds each), few for chunks."""
+    return 100 if cold else 3
 
 
 def last_level_cache() -> int:
@@ -118,7 +128,12 @@ def time_kernel(func, req: KernelRequest, target, wl: Workload, cold: bool | Non
     import tvm
 
     ex = tvm.compile(func.with_attr("global_symbol", "kernel"), target=target.tvm_target())
-    args = inputs(func, req, wl, np.random.default_rng(0))
+    return time_function(ex["kernel"], func, req, wl, cold)
+
+
+def time_function(f, func, req: KernelRequest, wl: Workload, cold: bool | None = None, args: list | None = None) -> float:
+    """Median seconds per call of compiled kernel `f` of PrimFunc `func` (its parameters give the inputs)."""
+    args = args if args is not None else inputs(func, req, wl, np.random.default_rng(0))
     cold = req.m == 1 if cold is None else cold
     sets = argument_sets(func, args, cold, last_level_cache(), wl.layers)
-    return time_calls(ex["kernel"], sets, 100 if cold else 3)
+    return time_calls(f, sets, calls_for(req, cold))

@@ -1,123 +1,233 @@
-"""Per-CPU schedule search: time each kernel's knob configurations on this machine and keep the fastest.
+"""Per-CPU schedule search: for each tunable kernel of a model, a strategy proposes points of the rule's
+speed-search space (`Rule.space`: knobs that change the kernel, not its results, under the rule's
+constraints), workers build them as compile does, a runner checks each against the default and times it
+with the harness `bench/kernels.py` uses (measure.py), and every trial is appended to the database.
 
-The search covers a rule's speed-search space up to a budget (default first, then distinct points in a
-seeded random order): the knobs that change the request's kernel and not its results (`Rule.space`,
-`Knob.numerics`). Candidates are built as compile builds them (`Rule.build_kernel`, prefetch injection
-included), and one that fails to build or run is recorded with its status. Kernels are timed by the
-harness `bench/kernels.py` uses (measure.py): alone, inputs of their real shapes, one-token kernels with
-their weights cold, at a representative workload (a prefill chunk of `tokens` tokens, decode at `ctx`).
+The default is trial 0 of every kernel. A search ends at its trial budget, its time budget, when the
+space is exhausted, or after `patience` trials without a gain of 1% over the best.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import random
 import re
 import time
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 from ..compiler.build import CompileOptions, build_graph
 from ..compiler.gguf_file import GGUFFile
 from ..compiler.lower import lower
 from ..config import ModelConfig
+from ..errors import EllmError
 from ..models import resolve_model
-from ..schedules import rule_by_name
+from ..schedules import KernelRequest, Rule, rule_by_name
+from ..schedules.space import Point, Space
 from ..targets import TargetPreset, detect_host, resolve_target
-from .database import TuningDatabase, TuningRecord
-from .measure import Workload, time_kernel
+from .builder import BuildJob, LocalBuilder
+from .database import TuningDatabase, TuningRecord, versions
+from .measure import Workload
+from .runner import LocalRunner, Trial
+from .strategies import STRATEGIES, ModelSearch, Strategy
 
 
-def _valid(rule, req, target, knobs: dict[str, int]) -> bool:
-    """Whether the rule takes these knobs for this request (some values only fit some shapes)."""
-    try:
-        rule.resolve_knobs(req, target, knobs)
-    except ValueError:
-        return False
-    return True
+@dataclass(frozen=True)
+class TuneOptions:
+    strategy: str = "model"
+    trials: int = 64  # per kernel, the default included
+    time_budget: float | None = None  # seconds per kernel
+    batch: int = 8  # points proposed, built in parallel, then measured one by one
+    patience: int | None = 32  # trials without a 1% gain before stopping (None: never)
+    seed: int = 0
+    workers: int | None = None  # build processes (default: one per CPU; 0: build in this process)
+
+    def __post_init__(self):
+        if self.strategy not in STRATEGIES:
+            raise EllmError(f"unknown search strategy {self.strategy!r} (choose from {', '.join(STRATEGIES)})")
+        if self.trials < 1 or self.batch < 1 or (self.patience is not None and self.patience < 1):
+            raise EllmError("tuning needs at least one trial per kernel, a batch of at least one and a positive patience")
+        if self.time_budget is not None and self.time_budget <= 0:
+            raise EllmError("the time budget must be positive")
 
 
-def search_knobs(rule, req, target) -> tuple:
+def search_knobs(rule: Rule, req: KernelRequest, target: TargetPreset) -> tuple:
     """The knobs searched on speed: those that change this request's kernel and not its results."""
-    return tuple(k for k in rule.space(req, target) if not k.numerics)
+    return rule.space(req, target).knobs
 
 
-def candidates(rule, req, target, budget: int, seed: int = 0) -> list[dict[str, int]]:
-    """The default, then distinct points of the speed-search space in a seeded random order. Knobs outside
-    it (no effect on this request, or changing numerics) keep their defaults."""
-    default = rule.default_knobs(req, target)
-    knobs = search_knobs(rule, req, target)
-    seen = {tuple(sorted(rule.canonical(req, target, default).items()))}
-    others = []
-    for vals in itertools.product(*[k.choices for k in knobs]):
-        point = rule.canonical(req, target, {**default, **dict(zip([k.name for k in knobs], vals))})
-        key = tuple(sorted(point.items()))
-        if key not in seen and _valid(rule, req, target, point):
-            seen.add(key)
-            others.append(point)
-    random.Random(seed).shuffle(others)
-    return [default] + others[: max(0, budget - 1)]
+def make_strategy(name: str, rule: Rule, req: KernelRequest, target: TargetPreset, seed: int = 0, prior=(),
+                  space: Space | None = None) -> Strategy:
+    """Strategy `name` over the request's speed-search space (or `space`, a part of it); the model strategy
+    describes points by their knobs and the features of the TIR they build."""
+    space = space or rule.space(req, target)
+    if name != "model":
+        return STRATEGIES[name](space, seed)
+    from .cost_model import CostModel
+    from .features import tir_features
+
+    def features(p: Point) -> list[float]:
+        return space.encode(p) + tir_features(rule.build(req, target, p))
+
+    return ModelSearch(space, seed, CostModel(seed=seed, prior=prior), features)
 
 
-def measure(rule, req, target: TargetPreset, knobs: dict[str, int], wl: Workload) -> tuple[str, float | None, str]:
-    """(status, seconds, message) of one candidate, built exactly as compile builds it. A candidate that
-    fails to build or to run is a status, never an exception: it must not end a tuning run."""
-    try:
-        func = rule.build_kernel(req, target, knobs)
-    except Exception as e:  # noqa: BLE001 - any failure of a candidate's schedule is its result
-        return "build_error", None, f"{type(e).__name__}: {e}"
-    try:
-        return "ok", time_kernel(func, req, target, wl), ""
-    except Exception as e:  # noqa: BLE001
-        return "run_error", None, f"{type(e).__name__}: {e}"
+def candidates(rule: Rule, req: KernelRequest, target: TargetPreset, budget: int, seed: int = 0) -> list[Point]:
+    """The default, then distinct random points of the speed-search space: `budget` in all."""
+    space = rule.space(req, target)
+    s = STRATEGIES["random"](space, seed)
+    s.observe([(space.default, None)])
+    return [space.default] + s.propose(budget - 1)
+
+
+@dataclass
+class KernelSearch:
+    """One kernel's search as it ran: (point, trial, seconds into the search) in measurement order."""
+
+    name: str
+    rule: str
+    default: Point
+    trials: list[tuple[Point, Trial, float]]
+
+    def best(self) -> tuple[Point, Trial] | None:
+        ok = [(p, t) for p, t, _ in self.trials if t.status == "ok"]
+        return min(ok, key=lambda pt: pt[1].seconds) if ok else None
+
+
+def search_kernel(name: str, rule: Rule, req: KernelRequest, target: TargetPreset, opts: TuneOptions, builder, runner,
+                  on_trial: Callable[[Point, Trial, int, float], None] = lambda *a: None,
+                  done: Sequence[tuple[Point, Trial]] = (), prior=(), log: Callable[[str], None] = lambda s: None,
+                  strategy: Strategy | None = None) -> KernelSearch:
+    """Search one kernel. `done`: trials of an earlier run (resume), fed to the strategy first. `strategy`:
+    one made by the caller (default: `opts.strategy` over the request's space)."""
+    strategy = strategy or make_strategy(opts.strategy, rule, req, target, opts.seed, prior)
+    default = strategy.space.default
+    result = KernelSearch(name, rule.name, default, [(p, t, 0.0) for p, t in done])
+    strategy.observe([(p, t.seconds if t.status == "ok" else None) for p, t in done])
+    t0 = time.perf_counter()
+    best = min((t.seconds for _, t in done if t.status == "ok"), default=None)
+    since_gain = 0
+    pending = [] if any(strategy.space.key(p) == strategy.space.key(default) for p, _ in done) else [default]
+    while len(result.trials) < opts.trials:
+        if opts.time_budget is not None and len(result.trials) > len(done) and time.perf_counter() - t0 > opts.time_budget:
+            log(f"{name}: time budget reached")
+            break
+        if opts.patience is not None and since_gain >= opts.patience:
+            log(f"{name}: no gain in {since_gain} trials: stopping early")
+            break
+        n = min(opts.batch, opts.trials - len(result.trials))
+        points = (pending + strategy.propose(n - len(pending)))[:n] if len(pending) < n else pending[:n]
+        pending = []
+        if not points:
+            break  # the space is exhausted
+        built = builder.build([BuildJob(rule.name, req, target.name, p) for p in points])
+        observed = []
+        for p, b in zip(points, built):
+            trial = runner.run(b, is_default=strategy.space.key(p) == strategy.space.key(default))
+            elapsed = time.perf_counter() - t0
+            result.trials.append((p, trial, elapsed))
+            on_trial(p, trial, len(result.trials) - 1, elapsed)
+            ok = trial.status == "ok"
+            observed.append((p, trial.seconds if ok else None))
+            if ok and (best is None or trial.seconds < best * 0.99):
+                best, since_gain = trial.seconds, 0
+            else:
+                since_gain += 1
+        strategy.observe(observed)
+        if best is not None:
+            log(f"{name}: {len(result.trials)}/{opts.trials} trials, best {best * 1e6:.1f} us, {time.perf_counter() - t0:.0f} s")
+    return result
+
+
+def tunable_kernels(model, preset: TargetPreset, compile_options: CompileOptions, kernels: str | None = None):
+    """(ModelConfig, [lowered kernel info]) of the kernels with knobs, filtered by the `kernels` regex."""
+    gf = GGUFFile(resolve_model(model))
+    cfg = ModelConfig.from_gguf(gf)
+    _, g = build_graph(gf, cfg, dataclasses.replace(compile_options, target=preset.name), preset)
+    pattern = re.compile(kernels) if kernels else None
+    lowered = lower(g, preset, max_chunk=compile_options.max_chunk, prefetch=compile_options.prefetch).kernels
+    return cfg, [k for k in lowered if rule_by_name(k.rule).knobs and (pattern is None or pattern.search(k.name))]
 
 
 def tune_model(
     model,
     db_path,
     target: str = "auto",
-    budget: int = 8,
     threads: int | None = None,
     workload: Workload = Workload(),
     log: Callable[[str], None] = lambda s: None,
     kernels: str | None = None,
+    options: TuneOptions = TuneOptions(),
+    compile_options: CompileOptions | None = None,
+    resume: bool = False,
+    runner=None,
+    bandwidth: bool = False,
 ) -> TuningDatabase:
-    """Tune every kernel with searchable knobs (`kernels`: only those whose name matches this regex)."""
+    """Tune every kernel with searchable knobs (`kernels`: only those whose name matches this regex) and
+    append every trial to the database at `db_path`. `bandwidth`: measure this machine's read bandwidth first
+    and record it with the run."""
     from ..runtime.threads import set_threads
 
     preset = resolve_target(target)
-    gf = GGUFFile(resolve_model(model))
-    cfg = ModelConfig.from_gguf(gf)
+    copts = dataclasses.replace(compile_options or CompileOptions(), target=preset.name)
+    cfg, infos = tunable_kernels(model, preset, copts, kernels)
     workload = dataclasses.replace(workload, layers=cfg.n_layers)  # attention steps through every layer's cache
-    _, g = build_graph(gf, cfg, CompileOptions(target=preset.name), preset)
-    pattern = re.compile(kernels) if kernels else None
-    kernels = [k for k in lower(g, preset).kernels if rule_by_name(k.rule).knobs and (pattern is None or pattern.search(k.name))]
     db = TuningDatabase.open(db_path)
     host = detect_host()
     n_threads = threads or host.logical_cpus
     set_threads(n_threads)
-    for info in kernels:
-        rule = rule_by_name(info.rule)
-        best = None
-        failed, default_s = 0, 0.0
-        for i, knobs in enumerate(candidates(rule, info.req, preset, budget)):
-            status, seconds, message = measure(rule, info.req, preset, knobs, workload)
-            if i == 0 and seconds is not None:  # the default comes first
-                default_s = seconds
-            rec = TuningRecord(
-                preset.name, host.model_name, info.name, rule.name, knobs, seconds if seconds is not None else 0.0,
-                n_threads, info.request, int(time.time()), status, message, default_s,
-            )
-            db.add(rec)
-            if status != "ok":
-                failed += 1
-                log(f"{info.name:48s} {rule.name:10s} {status}: {knobs}: {message}")
-            elif best is None or rec.seconds < best.seconds:
-                best = rec
-        if best is None:
-            log(f"{info.name:48s} {rule.name:10s} no candidate ran ({failed} failed): keeps its defaults")
-            continue
-        log(f"{info.name:48s} {rule.name:10s} best {best.seconds * 1e6:9.1f} us  {best.knobs}"
-            + (f"  ({failed} failed)" if failed else ""))
-    db.save()
+    runner = runner or LocalRunner(workload)
+    run_opts = {"compile": {k: str(v) for k, v in dataclasses.asdict(copts).items()}, "workload": dataclasses.asdict(workload),
+                "strategy": options.strategy, "trials": options.trials, "seed": options.seed}
+    if bandwidth:  # the run's GB/s as % of it (tune report)
+        from ..bench.bandwidth import measure_read_bandwidth
+
+        run_opts["bandwidth_gbs"] = round(measure_read_bandwidth(n_threads).gb_s_median, 2)
+        log(f"measured read bandwidth: {run_opts['bandwidth_gbs']} GB/s with {n_threads} threads")
+    vers = versions()
+    with LocalBuilder(options.workers) as builder:
+        for i, info in enumerate(infos):
+            rule = rule_by_name(info.rule)
+            done = _earlier(db, preset, host, n_threads, info, rule) if resume else []
+            default_s = next((t.seconds for p, t in done if p == rule.space(info.req, preset).default and t.status == "ok"), 0.0)
+            state = {"default": default_s}
+
+            def record(p: Point, trial: Trial, index: int, elapsed: float, info=info, rule=rule, state=state) -> None:
+                if index == 0 and trial.status == "ok" and not state["default"]:
+                    state["default"] = trial.seconds
+                db.append(trial_record(preset, host, n_threads, info, rule.name, p, trial, index, elapsed, state["default"],
+                                       options.strategy, getattr(runner, "last_runner", runner.name), run_opts, vers))
+                if trial.status != "ok":
+                    log(f"  {info.name}: trial {index} {trial.status}: {p}: {trial.message}")
+
+            log(f"[{i + 1}/{len(infos)}] {info.name} ({rule.name}, {len(rule.space(info.req, preset))} points)")
+            res = search_kernel(info.name, rule, info.req, preset, options, builder, runner, record, done, log=log)
+            best = res.best()
+            if best is None:
+                log(f"  {info.name}: no candidate ran: keeps its defaults")
+                continue
+            gain = state["default"] / best[1].seconds if state["default"] else 1.0
+            log(f"  {info.name}: best {best[1].seconds * 1e6:.1f} us ({gain:.2f}x the default) {best[0]}")
     return db
+
+
+def trial_record(preset, host, threads: int, info, rule: str, point: Point, trial: Trial, index: int, elapsed: float,
+                 default_seconds: float, strategy: str, runner: str = "local", options: dict | None = None,
+                 vers: dict | None = None) -> TuningRecord:
+    """The database record of one trial of kernel `info` (a lowered kernel) measured on `host`."""
+    return TuningRecord(
+        preset.name, host.identity, info.name, rule, dict(point), trial.seconds or 0.0, threads, info.request,
+        int(time.time()), trial.status, trial.message, default_seconds, host.compute_flags, trial.stats, strategy, index,
+        round(elapsed, 3), runner, options or {}, vers or versions(),
+    )
+
+
+def _earlier(db: TuningDatabase, preset, host, threads: int, info, rule) -> list[tuple[Point, Trial]]:
+    """This kernel's trials already in the database for this CPU model, threads and target (for --resume)."""
+    out = []
+    for r in db.trials():
+        if (r.target, r.cpu, r.threads, r.kernel, r.rule) == (preset.name, host.identity, threads, info.name, rule.name):
+            out.append((dict(r.knobs), Trial(r.status, r.seconds if r.status == "ok" else None, dict(r.stats), r.message)))
+    return out
+
+
+__all__ = ["KernelSearch", "TuneOptions", "Workload", "candidates", "search_kernel", "search_knobs", "tune_model"]

@@ -126,7 +126,7 @@ def compile_model(
 
         db, host = TuningDatabase.open(options.tuning_db), detect_host()
     for preset, gs in zip(presets, graphs):
-        knob_lookup = db.lookup_for(preset.name, host.model_name, host.logical_cpus) if db is not None else None
+        knob_lookup = db.lookup_for(preset.name, host.identity, host.logical_cpus) if db is not None else None
         builds.append(compile_target(gs, options.for_targets(), preset, knob_lookup, log))
         if knob_lookup is not None:
             tuning.append(knob_lookup.summary())

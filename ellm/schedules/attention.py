@@ -40,12 +40,15 @@ def kv_plan_of(req: KernelRequest) -> tuple[KVPlan, KVType, KVType]:
 
 
 def build_attention(req: KernelRequest, chunk: int, dot: Dot | None = None, int_scores: bool = False,
-                    int_values: bool = False, prefetch: int = 0, int_bits: int = 16):
+                    int_values: bool = False, prefetch: int = 0, int_bits: int = 16, prefetch_locality: int = 2,
+                    chunk_major: bool = False):
     """`chunk` > 0 splits the keys of single-token steps into chunks of that many keys (whole blocks).
     With `dot` (the target's integer dot products): `int_scores`, quantised key blocks are scored in int32
     against the query rounded to `int_bits` bits (16 or 8); `int_values`, quantised value blocks are summed
     in int32, the weights rounded to `int_bits` bits. `prefetch` > 0: decode prefetches the stored block
-    that many items ahead in its read list."""
+    that many items ahead in its read list, with LLVM locality `prefetch_locality`. Decode's split-K tasks
+    run head-major (a thread's share of tasks: consecutive chunks of one KV head) or, `chunk_major`, the
+    KV heads of one chunk side by side."""
     plan, kt, vt = kv_plan_of(req)
     hd, Hkv = plan.head_dim, plan.n_kv_heads
     H = int(req.attr("n_heads"))
@@ -63,7 +66,7 @@ def build_attention(req: KernelRequest, chunk: int, dot: Dot | None = None, int_
             out = I.arg("out", I.buffer((n, H * hd), "float32"))
             ctx = (q, kv, attn, pos, layer, kslot, vslot, out, Hkv, G, hd, scale)
             if req.m == 1 and chunk:
-                _decode(*ctx, max(1, chunk // plan.block), prefetch)
+                _decode(*ctx, max(1, chunk // plan.block), prefetch, prefetch_locality, chunk_major)
             else:
                 _prefill(*ctx, n)
     return ib.get()
@@ -103,7 +106,7 @@ def _prefill(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: i
 
 
 def _decode(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: int, scale: float, bpc: int,
-            prefetch: int) -> None:
+            prefetch: int, locality: int = 2, chunk_major: bool = False) -> None:
     """One query token. Phase 1 (sparse only, one task per KV head): bounds, top-K and the block list.
     Phase 2: tasks = (KV head, run of bpc blocks of the list) write partial (max, sum, acc) (split-K).
     Phase 3, per KV head: merge the partials of its G query heads, widen if needed, normalise."""
@@ -131,9 +134,10 @@ def _decode(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: in
     max_chunks = (kv.nb + bpc - 1) // bpc
     part_st = I.alloc_buffer((Hkv * max_chunks * G * 2,), "float32")
     part_acc = I.alloc_buffer((Hkv * max_chunks * G * hd,), "float32")
-    with I.parallel(0, Hkv * n_chunks) as task:
-        kvh = task // n_chunks
-        c = task % n_chunks
+    with I.parallel(0, Hkv * n_chunks) as job:
+        kvh = job % Hkv if chunk_major else job // n_chunks
+        c = job // Hkv if chunk_major else job % n_chunks
+        task = kvh * n_chunks + c  # where its partial state goes, whatever the order tasks run in
         qy = Query(q, 0, kvh * G, G, hd, scale, kv.query_bits)
         states = [State(hd, kv.block, kv.int_bits) for _ in range(G)]
         cnt = I.Bind(opaque(tirx.Select(sh.dense == 1, tirx.IntImm("int64", 0), tirx.Cast("int64", n_list[kvh]))))
@@ -144,7 +148,7 @@ def _decode(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: in
                 with I.If(i + prefetch < end):
                     with I.Then():
                         ahead = I.Bind(list_item(sh, i + prefetch, cnt, lambda j: sel[kvh * kv.nb + j]))
-                        kv.prefetch_block(kslot, vslot, kvh, ahead)
+                        kv.prefetch_block(kslot, vslot, kvh, ahead, locality)
             b = I.Bind(list_item(sh, i, cnt, lambda j: sel[kvh * kv.nb + j]))
             attend(kv, qy, layer, kslot, vslot, kvh, b, sh.n_ctx, sh.first_ring, states)
         for g, st in enumerate(states):
@@ -203,19 +207,38 @@ class AttentionDecodeRule(_AttentionRule):
 
     name = "attention_decode"
     knobs = (
-        Knob("chunk", 256, (128, 256, 512, 1024, 2048), "keys per split-K task"),
+        Knob("chunk_blocks", 4, (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64), "KV blocks per split-K task"),
+        Knob("chunk_major", 0, (0, 1), "split-K tasks in order of KV head (0) or of chunk (1)"),
         Knob("int_scores", 1, (0, 1), "score quantised key blocks with integer dot products", numerics=True),
         Knob("int_values", 1, (0, 1), "sum quantised value blocks with integer dot products", numerics=True),
-        Knob("prefetch", 1, (0, 1, 2), "prefetch the stored block this many items ahead in the read list (0: off)"),
+        Knob("prefetch", 1, (0, 1, 2, 3, 4, 5, 6), "prefetch the stored block this many items ahead in the read list (0: off)"),
+        Knob("prefetch_locality", 2, (0, 1, 2, 3), "prefetch kind: LLVM locality 0 (prefetchnta) .. 3 (prefetcht0)"),
         INT_BITS,
     )
 
     def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
         return req.m == 1 and _applies(req)
 
+    def canonical(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]) -> dict[str, int]:
+        out = dict(knobs)
+        if out.get("prefetch") == 0:  # nothing prefetched: the kind is moot
+            out["prefetch_locality"] = 2
+        if Hkv_of(req) == 1:  # one KV head: both orders are the same
+            out["chunk_major"] = 0
+        return out
+
+    def default_knobs(self, req: KernelRequest, target: TargetPreset) -> dict[str, int]:
+        knobs = super().default_knobs(req, target)
+        knobs["chunk_blocks"] = max(1, 256 // kv_plan_of(req)[0].block)  # 256 keys a task
+        return knobs
+
     def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
-        return build_attention(req, knobs["chunk"], dot_for(target), bool(knobs["int_scores"]), bool(knobs["int_values"]),
-                               knobs["prefetch"], knobs["int_bits"])
+        return build_attention(req, knobs["chunk_blocks"] * kv_plan_of(req)[0].block, dot_for(target), bool(knobs["int_scores"]), bool(knobs["int_values"]),
+                               knobs["prefetch"], knobs["int_bits"], knobs["prefetch_locality"], bool(knobs["chunk_major"]))
+
+
+def Hkv_of(req: KernelRequest) -> int:
+    return kv_plan_of(req)[0].n_kv_heads
 
 
 class AttentionPrefillRule(_AttentionRule):

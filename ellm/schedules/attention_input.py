@@ -20,9 +20,11 @@ from ..targets import TargetPreset
 from .attention import kv_plan_of
 from .kv_blocks import KVBuffers
 from .rule import KernelRequest, Knob, Rule
+from .space import Constraint
 from .int_acts import L, Acts, quantize_row
 from .int_acts import ramp as _ramp
-from .int_kernel import QUANTIZED, Rows, for_token_tiles, micro_kernel, tile_rows
+from .int_kernel import (PREFETCH_LOCALITY, QUANTIZED, Rows, default_locality, for_token_tiles, micro_kernel, tile_rows,
+                         without_moot_locality)
 from .intdot import Dot, dot_for
 
 HALF = L // 2  # rows of a half tile: one ymm register of float32 sums
@@ -54,7 +56,7 @@ def passes_fit(hd: int, passes: int) -> bool:
     return hd % passes == 0 and (hd // passes) % HALF == 0
 
 
-def build_attention_input(req: KernelRequest, dot: Dot, tokens_per_tile: int, prefetch_bytes: int, prefetch_nta: bool = True,
+def build_attention_input(req: KernelRequest, dot: Dot, tokens_per_tile: int, prefetch_bytes: int, prefetch_locality: int = 0,
                           passes: int = 1):
     """`passes`: passes over the inputs per head, each accumulating head_dim / passes rows (a head's 64 or 128
     rows at once need more registers than 256-bit classes have: they spill in the inner loop)."""
@@ -112,7 +114,7 @@ def build_attention_input(req: KernelRequest, dot: Dot, tokens_per_tile: int, pr
                                             kv.write_v(layer, head - H - Hkv, p, vecs)
 
                     if passes == 1:
-                        micro_kernel(dot, qtype, w, tile_rows(tiles), t0, tt, K, acts, None, prefetch_bytes, prefetch_nta,
+                        micro_kernel(dot, qtype, w, tile_rows(tiles), t0, tt, K, acts, None, prefetch_bytes, prefetch_locality,
                                      finish=finish)
                         return
                     # the head's rows in passes, gathered here before rotation: [tt, head_dim]
@@ -127,7 +129,7 @@ def build_attention_input(req: KernelRequest, dot: Dot, tokens_per_tile: int, pr
 
                     for first in range(0, len(slots), per_pass):
                         micro_kernel(dot, qtype, w, slots[first:first + per_pass], t0, tt, K, acts, gather,
-                                     prefetch_bytes, prefetch_nta)
+                                     prefetch_bytes, prefetch_locality)
                     finish([[rows[i, _ramp(j * L)] for j in range(nv)] for i in range(tt)])
 
                 for_token_tiles(req.m, n_tok, tokens_per_tile, project)
@@ -146,7 +148,8 @@ def build_attention_input(req: KernelRequest, dot: Dot, tokens_per_tile: int, pr
 
 class AttentionInputRule(Rule):
     name = "attention_input"
-    knobs = (Knob("prefetch_bytes", 4096, (0, 4096, 8192), "software prefetch distance in the weight stream"),
+    knobs = (Knob("prefetch_bytes", 4096, (0, 2048, 4096, 8192), "software prefetch distance in the weight stream"),
+             PREFETCH_LOCALITY,
              Knob("tokens_per_tile", 2, (1, 2, 4), "tokens sharing each unpacked weight vector (chunks)"),
              Knob("passes", 1, (1, 2, 4, 8), "passes over the inputs per head, each for head_dim / passes rows"))
 
@@ -167,19 +170,21 @@ class AttentionInputRule(Rule):
         # 19 us for SmolLM2's 960x576 on one Emerald Rapids core, x86-64-v3); 512-bit ones hold a head
         if dot_for(target).width == 256:
             knobs["passes"] = min(kv_plan_of(req)[0].head_dim // L, 8)
+        knobs["prefetch_locality"] = default_locality(target)
         return knobs
 
-    def space(self, req: KernelRequest, target: TargetPreset) -> tuple[Knob, ...]:
+    def canonical(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]) -> dict[str, int]:
+        return without_moot_locality(knobs, target)
+
+    def active_knobs(self, req: KernelRequest, target: TargetPreset) -> tuple[Knob, ...]:
         # one token: every token tile is that token, whatever its size
         return tuple(k for k in self.knobs if not (req.m == 1 and k.name == "tokens_per_tile"))
 
-    def resolve_knobs(self, req: KernelRequest, target: TargetPreset, given: Mapping[str, int] | None) -> dict[str, int]:
-        resolved = super().resolve_knobs(req, target, given)
+    def constraints(self, req: KernelRequest, target: TargetPreset) -> tuple[Constraint, ...]:
         hd = kv_plan_of(req)[0].head_dim
-        if not passes_fit(hd, resolved["passes"]):
-            raise ValueError(f"attention_input: {resolved['passes']} passes do not split head_dim {hd} into runs of {HALF} rows")
-        return resolved
+        return (Constraint(f"passes split head_dim {hd} into runs of whole half tiles ({HALF} rows)",
+                           lambda p: passes_fit(hd, p["passes"])),)
 
     def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
         return build_attention_input(req, dot_for(target), knobs["tokens_per_tile"], knobs["prefetch_bytes"],
-                                     target.prefetch_nta, knobs["passes"])
+                                     knobs["prefetch_locality"], knobs["passes"])

@@ -20,12 +20,13 @@ from ..targets import TargetPreset
 from .rule import KernelRequest, Knob, Rule
 from .vecmath import sigmoid_f32
 from .int_acts import L, Acts, quantize_group, quantize_row
-from .int_kernel import QUANTIZED, for_token_tiles, micro_kernel, store_epilogue, tile_rows
+from .int_kernel import (PREFETCH_LOCALITY, QUANTIZED, default_locality, for_token_tiles, micro_kernel, store_epilogue,
+                         tile_rows, without_moot_locality)
 from .intdot import Dot, dot_for
 
 
 def build_int_ffn(req: KernelRequest, dot: Dot, tokens_per_tile: int, prefetch_bytes: int, down_tiles: int = 1,
-                  prefetch_nta: bool = True):
+                  prefetch_locality: int = 0):
     gu_q = req.qtype
     F2, D = req.weight_shape  # gate and up rows stacked: [2 * d_ff, d_model]
     F = F2 // 2
@@ -57,7 +58,7 @@ def build_int_ffn(req: KernelRequest, dot: Dot, tokens_per_tile: int, prefetch_b
                             h = [I.Bind(g0 * sigmoid_f32(g0) * u0), I.Bind(g1 * sigmoid_f32(g1) * u1)]
                             quantize_group(h, t0 + i, c, ah)
 
-                    micro_kernel(dot, gu_q, gu, tile_rows(tiles), t0, tt, D, ax, None, prefetch_bytes, prefetch_nta, finish=finish)
+                    micro_kernel(dot, gu_q, gu, tile_rows(tiles), t0, tt, D, ax, None, prefetch_bytes, prefetch_locality, finish=finish)
 
                 for_token_tiles(req.m, n_tok, tokens_per_tile, gate_up)
 
@@ -67,7 +68,7 @@ def build_int_ffn(req: KernelRequest, dot: Dot, tokens_per_tile: int, prefetch_b
                 tiles_dn = [task * dt + j for j in range(dt)]
                 for_token_tiles(
                     req.m, n_tok, tokens_per_tile,
-                    lambda t0, tt: micro_kernel(dot, dn_q, dn, tile_rows(tiles_dn), t0, tt, F, ah, store, prefetch_bytes, prefetch_nta),
+                    lambda t0, tt: micro_kernel(dot, dn_q, dn, tile_rows(tiles_dn), t0, tt, F, ah, store, prefetch_bytes, prefetch_locality),
                 )
     return ib.get()
 
@@ -77,7 +78,8 @@ class IntFfnRule(Rule):
     knobs = (
         Knob("tokens_per_tile", 1, (1, 2, 4), "tokens sharing each unpacked weight vector (chunks of tokens)"),
         Knob("down_tiles", 2, (1, 2), "row tiles of 16 per down-projection task"),
-        Knob("prefetch_bytes", 4096, (0, 4096, 8192), "software prefetch distance in the weight streams"),
+        Knob("prefetch_bytes", 4096, (0, 2048, 4096, 8192), "software prefetch distance in the weight streams"),
+        PREFETCH_LOCALITY,
     )
 
     def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
@@ -93,12 +95,16 @@ class IntFfnRule(Rule):
         knobs = super().default_knobs(req, target)
         if req.m == 1:
             knobs["down_tiles"] = 1
+        knobs["prefetch_locality"] = default_locality(target)
         return knobs
 
-    def space(self, req: KernelRequest, target: TargetPreset) -> tuple[Knob, ...]:
+    def canonical(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]) -> dict[str, int]:
+        return without_moot_locality(knobs, target)
+
+    def active_knobs(self, req: KernelRequest, target: TargetPreset) -> tuple[Knob, ...]:
         # one token: every token tile is that token, whatever its size
         return tuple(k for k in self.knobs if not (req.m == 1 and k.name == "tokens_per_tile"))
 
     def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
         return build_int_ffn(req, dot_for(target), knobs["tokens_per_tile"], knobs["prefetch_bytes"], knobs["down_tiles"],
-                             target.prefetch_nta)
+                             knobs["prefetch_locality"])

@@ -23,10 +23,28 @@ from tvm.tirx.script.builder import ir as I
 from ..quant import QuantType
 from .int_acts import L, Acts
 from .intdot import Dot, GroupSum
+from .space import Knob
 
 QUANTIZED = (QuantType.Q4_0, QuantType.Q4_1, QuantType.Q8_0, QuantType.Q4_K, QuantType.Q6_K)
 M4 = 0x0F0F0F0F
 M30 = 0x30303030
+
+
+PREFETCH_LOCALITY = Knob("prefetch_locality", 0, (0, 1, 2, 3),
+                         "prefetch kind in the weight stream: LLVM locality 0 (prefetchnta), 1 (t2), 2 (t1), 3 (t0)")
+
+
+def default_locality(target) -> int:
+    """The preset's prefetch kind: prefetchnta where it measured faster (AMD), else prefetcht0."""
+    return 0 if target.prefetch_nta else 3
+
+
+def without_moot_locality(knobs, target, bytes_knob: str = "prefetch_bytes") -> dict[str, int]:
+    """`knobs` with the prefetch kind at the preset's when nothing is prefetched (it is moot then)."""
+    out = dict(knobs)
+    if out.get(bytes_knob) == 0 and "prefetch_locality" in out:
+        out["prefetch_locality"] = default_locality(target)
+    return out
 
 
 @dataclass(frozen=True)
@@ -156,12 +174,14 @@ def store_epilogue(out, res, bias):
 
 
 def micro_kernel(dot: Dot, qtype, w, slots: list[Rows], t0, tt: int, K: int, acts: Acts, epilogue, pf_bytes: int = 0,
-                 pf_nta: bool = True, finish=None) -> None:
+                 pf_locality: int = 0, finish=None, group_unroll: int = 1) -> None:
     """Output rows `slots` (whole row tiles, or halves of them: see Rows) x tokens [t0, t0 + tt): exact int32
     sums per group of inputs, float32 accumulation, one accumulator per token and slot.
 
     Then epilogue(t, rows, acc) per token and slot, or, with `finish`, finish(accs) once with accs[i][j] the
-    accumulator of token i and slot j (for epilogues that combine tiles).
+    accumulator of token i and slot j (for epilogues that combine tiles). `group_unroll` groups of inputs
+    run per iteration of the reduction loop (it must divide K / group); `pf_bytes` > 0 prefetches the quant
+    streams that far ahead with LLVM locality `pf_locality` (0: prefetchnta .. 3: prefetcht0).
     """
     G = group_size(qtype)
     ns = len(slots)
@@ -176,28 +196,37 @@ def micro_kernel(dot: Dot, qtype, w, slots: list[Rows], t0, tt: int, K: int, act
     annotations = None
     if pf_bytes:
         names = [w[c].name for c in (("ql", "qh") if qtype is QuantType.Q6_K else ("qs",))]  # the quant streams
-        annotations = {"ellm.prefetch": {"buffers": names, "bytes": pf_bytes, "locality": 0 if pf_nta else 3}}
-    halves = acts.halves
-    with I.serial(0, K // G, annotations=annotations) as g:
-        sums = GroupSum(dot, tt * ns, len(halves), lanes)
-        sums.zero()
-        for j, r in enumerate(slots):
-            for op in operands(qtype, w, r, g, dot.split_bytes):
-                a = I.Bind(op.weights)
-                for i in range(tt):
-                    for h, xs in enumerate(halves):
-                        xb = tirx.reinterpret("int32", xs[t0 + i, tirx.Ramp(g * G + op.inputs, 1, 4)])
-                        factors = tirx.reinterpret(f"int8x{4 * lanes}", tirx.Broadcast(xb, lanes))
-                        sums.add(i * ns + j, h, a, factors, op.cmax, op.shift)
-        sums.flush()
-        for i in range(tt):
-            dxi, dsi = acts.dx[t0 + i, g * G // 32], acts.ds(t0 + i, g, G)
-            for j, r in enumerate(slots):
-                new = accumulate(qtype, w, r, g, facc[i][j][whole], I.Bind(sums.total(i * ns + j)), dxi, dsi)
-                I.buffer_store(facc[i][j], new, [whole])
+        annotations = {"ellm.prefetch": {"buffers": names, "bytes": pf_bytes, "locality": pf_locality}}
+    assert (K // G) % group_unroll == 0, (K, G, group_unroll)
+    with I.serial(0, K // G // group_unroll, annotations=annotations) as go:
+        for u in range(group_unroll):
+            _group(dot, qtype, w, slots, t0, tt, acts, facc, go * group_unroll + u, G)
     if finish is not None:
         finish([[facc[i][j][whole] for j in range(ns)] for i in range(tt)])
         return
     for i in range(tt):
         for j, r in enumerate(slots):
             epilogue(t0 + i, r, facc[i][j][whole])
+
+
+def _group(dot: Dot, qtype, w, slots: list[Rows], t0, tt: int, acts: Acts, facc, g, G: int) -> None:
+    """Input group g of every token and slot: exact int32 sums, then the float32 accumulators."""
+    ns, lanes = len(slots), slots[0].n
+    whole = tirx.Ramp(0, 1, lanes)
+    halves = acts.halves
+    sums = GroupSum(dot, tt * ns, len(halves), lanes)
+    sums.zero()
+    for j, r in enumerate(slots):
+        for op in operands(qtype, w, r, g, dot.split_bytes):
+            a = I.Bind(op.weights)
+            for i in range(tt):
+                for h, xs in enumerate(halves):
+                    xb = tirx.reinterpret("int32", xs[t0 + i, tirx.Ramp(g * G + op.inputs, 1, 4)])
+                    factors = tirx.reinterpret(f"int8x{4 * lanes}", tirx.Broadcast(xb, lanes))
+                    sums.add(i * ns + j, h, a, factors, op.cmax, op.shift)
+    sums.flush()
+    for i in range(tt):
+        dxi, dsi = acts.dx[t0 + i, g * G // 32], acts.ds(t0 + i, g, G)
+        for j, r in enumerate(slots):
+            new = accumulate(qtype, w, r, g, facc[i][j][whole], I.Bind(sums.total(i * ns + j)), dxi, dsi)
+            I.buffer_store(facc[i][j], new, [whole])

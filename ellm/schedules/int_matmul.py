@@ -18,23 +18,28 @@ from ..compiler.graph import OpKind
 from ..quant.tiled import TILED_COMPONENTS
 from ..targets import IsaClass, TargetPreset, dot_class
 from .int_acts import L, Acts, quantize_row
-from .int_kernel import QUANTIZED, Rows, for_token_tiles, micro_kernel, store_epilogue
+from .int_kernel import (PREFETCH_LOCALITY, QUANTIZED, Rows, default_locality, for_token_tiles, group_size, micro_kernel,
+                         store_epilogue, without_moot_locality)
 from .intdot import Dot, dot_for
 from .rule import KernelRequest, Knob, Rule
+from .space import Constraint, divides
 
 
 def build_int_matmul(req: KernelRequest, dot: Dot, tokens_per_tile: int, tiles_per_task: int, prefetch_bytes: int,
-                     prefetch_nta: bool, lanes: int = L):
+                     prefetch_locality: int, lanes: int = L, group_unroll: int = 1, strided: bool = False):
     """The PrimFunc (x, [residual], *weights, [norm], [bias], out) for a tile16 weight.
 
     `req.attr("act_bits")` is 8 (one dot product per weight vector and token) or 16 (two: high and low byte).
     `lanes`: rows per accumulator: 16, or 8 (half tiles, in two passes over the inputs: one ymm register each).
+    A task takes `tiles_per_task` row tiles (which must divide N / 16): adjacent ones (one contiguous weight
+    stream), or with `strided` tiles N / 16 / tiles_per_task apart (that many streams).
     """
     bits = int(req.attr("act_bits", 8))
     qtype = req.qtype
     N, K = req.weight_shape
     NT = N // L
-    tpt = tiles_per_task if NT % tiles_per_task == 0 else 1
+    tpt = tiles_per_task
+    assert NT % tpt == 0, (NT, tpt)
     eps = float(req.attr("norm_eps", 0.0))
     last_row = bool(req.attr("last_row"))
     has_res, has_norm, has_bias = bool(req.attr("residual")), "norm" in req.vectors, "bias" in req.vectors
@@ -60,14 +65,15 @@ def build_int_matmul(req: KernelRequest, dot: Dot, tokens_per_tile: int, tiles_p
             # --- phase 2: row tiles in parallel, all tokens of a task reuse its weights from L1 ------
             store = store_epilogue(out, res, bias)
             with I.parallel(0, NT // tpt) as task:
-                tiles = [task * tpt + j for j in range(tpt)]
+                tiles = [task + j * (NT // tpt) if strided else task * tpt + j for j in range(tpt)]
                 # half tiles (lanes = 8) run one after the other: each pass holds half the accumulators
                 for first in range(0, L, lanes):
                     slots = [Rows(t, first, lanes) for t in tiles]
                     for_token_tiles(
                         req.m, n_tok, tokens_per_tile,
                         lambda t0, tt, slots=slots: micro_kernel(dot, qtype, w, slots, t0, tt, K, acts, store,
-                                                                 prefetch_bytes, prefetch_nta),
+                                                                 prefetch_bytes, prefetch_locality,
+                                                                 group_unroll=group_unroll),
                     )
     return ib.get()
 
@@ -102,44 +108,89 @@ class _IntRule(Rule):
         return d
 
 
-class IntGemvRule(_IntRule):
+def accumulator_registers(target: TargetPreset, tokens: int, tiles: int, lanes: int, bits: int) -> int:
+    """Vector registers a micro-kernel's accumulators hold: per token and slot a float32 sum and an int32 sum
+    per activation byte, each of `lanes` int32 (two registers where 16 lanes exceed a 256-bit register)."""
+    per = max(1, lanes * 32 // target.vector_bits)
+    return tokens * tiles * per * (1 + (2 if bits == 16 else 1))
+
+
+def vector_registers(target: TargetPreset) -> int:
+    return 32 if target.has("avx512f") else 16
+
+
+# operands, broadcast factors and constants the micro-kernel keeps live beside its accumulators
+SCRATCH_REGISTERS = 4
+
+TILES_PER_TASK = Knob("tiles_per_task", 1, (1, 2, 3, 4, 6, 8), "row tiles of 16 a task accumulates together")
+TASK_ORDER = Knob("strided_tiles", 0, (0, 1), "a task's row tiles adjacent (0: one weight stream) or spread (1)")
+LANES = Knob("lanes", 16, (8, 16), "rows per accumulator: whole tiles (16) or half tiles (8, one ymm register)")
+GROUP_UNROLL = Knob("group_unroll", 1, (1, 2, 3, 4), "groups of inputs per iteration of the reduction loop")
+
+
+class _TiledRule(_IntRule):
+    """What the one-token and the chunk rules share: the tiling constraints, the prefetch kind's default."""
+
+    def default_knobs(self, req: KernelRequest, target: TargetPreset) -> dict[str, int]:
+        knobs = super().default_knobs(req, target)
+        knobs["prefetch_locality"] = default_locality(target)
+        return knobs
+
+    def canonical(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]) -> dict[str, int]:
+        out = without_moot_locality(knobs, target)
+        if out.get("tiles_per_task") == 1:  # one tile per task: adjacent and spread are the same
+            out["strided_tiles"] = 0
+        return out
+
+    def constraints(self, req: KernelRequest, target: TargetPreset) -> tuple[Constraint, ...]:
+        N, K = req.weight_shape
+        bits = int(req.attr("act_bits", 8))
+        budget = vector_registers(target) - SCRATCH_REGISTERS
+        tokens = lambda p: p.get("tokens_per_tile", 1) if req.m != 1 else 1  # noqa: E731
+        return (
+            divides("tiles_per_task", N // L, "row tiles"),
+            divides("group_unroll", K // group_size(req.qtype), "groups of inputs"),
+            Constraint(f"accumulators fit in {budget} vector registers (more spill to the stack every group)",
+                       lambda p: accumulator_registers(target, tokens(p), p["tiles_per_task"], p["lanes"], bits) <= budget),
+        )
+
+    def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
+        tokens = knobs.get("tokens_per_tile", 1) if req.m != 1 else 1
+        return build_int_matmul(req, self.dot(target), tokens, knobs["tiles_per_task"], knobs["prefetch_bytes"],
+                                knobs["prefetch_locality"], knobs["lanes"], knobs["group_unroll"],
+                                bool(knobs["strided_tiles"]))
+
+
+class IntGemvRule(_TiledRule):
     """One token: phase 1 quantises x, phase 2 streams every weight once (prefetched ahead)."""
 
     kind = "gemv"
     knobs = (
-        Knob("tiles_per_task", 1, (1, 2, 4), "row tiles of 16 a task accumulates together"),
-        Knob("prefetch_bytes", 4096, (0, 1024, 4096, 8192), "software prefetch distance in the weight stream"),
-        Knob("prefetch_nta", 1, (0, 1), "prefetchnta (1) or prefetcht0 (0)"),
+        TILES_PER_TASK,
+        TASK_ORDER,
+        LANES,
+        GROUP_UNROLL,
+        Knob("prefetch_bytes", 4096, (0, 512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384),
+             "software prefetch distance in the weight stream"),
+        PREFETCH_LOCALITY,
     )
 
     def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
         return req.m == 1 and self.isa_applies(target) and int_matmul_applies(req)
 
-    def default_knobs(self, req: KernelRequest, target: TargetPreset) -> dict[str, int]:
-        knobs = super().default_knobs(req, target)
-        knobs["prefetch_nta"] = int(target.prefetch_nta)
-        return knobs
 
-    def canonical(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]) -> dict[str, int]:
-        out = dict(knobs)
-        if out.get("prefetch_bytes") == 0:  # no prefetches: their kind is moot
-            out["prefetch_nta"] = int(target.prefetch_nta)
-        return out
-
-    def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
-        return build_int_matmul(req, self.dot(target), 1, knobs["tiles_per_task"], knobs["prefetch_bytes"],
-                                bool(knobs["prefetch_nta"]))
-
-
-class IntGemmRule(_IntRule):
+class IntGemmRule(_TiledRule):
     """A chunk of tokens: a task's weights stay in L1 while its tokens stream through a register tile."""
 
     kind = "gemm"
     knobs = (
-        Knob("tokens_per_tile", 2, (1, 2, 4, 6, 8), "tokens sharing each unpacked weight vector"),
-        Knob("tiles_per_task", 1, (1, 2, 4), "row tiles of 16 sharing each activation broadcast"),
-        Knob("lanes", 16, (8, 16), "rows per accumulator: whole tiles (16) or half tiles (8, one ymm register)"),
-        Knob("prefetch_bytes", 0, (0, 4096), "software prefetch distance in the weight stream"),
+        Knob("tokens_per_tile", 2, (1, 2, 3, 4, 6, 8), "tokens sharing each unpacked weight vector"),
+        TILES_PER_TASK,
+        TASK_ORDER,
+        LANES,
+        GROUP_UNROLL,
+        Knob("prefetch_bytes", 0, (0, 1024, 2048, 4096, 8192), "software prefetch distance in the weight stream"),
+        PREFETCH_LOCALITY,
     )
 
     def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
@@ -153,10 +204,6 @@ class IntGemmRule(_IntRule):
         knobs["tokens_per_tile"] = 2 if int(req.attr("act_bits", 8)) == 16 else 4
         knobs["lanes"] = 16 if self.isa is IsaClass.AVX512_VNNI else 8
         return knobs
-
-    def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
-        return build_int_matmul(req, self.dot(target), knobs["tokens_per_tile"], knobs["tiles_per_task"],
-                                knobs["prefetch_bytes"], target.prefetch_nta, knobs["lanes"])
 
 
 __all__ = ["IntGemmRule", "IntGemvRule", "build_int_matmul", "int_matmul_applies"]

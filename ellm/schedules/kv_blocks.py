@@ -90,10 +90,11 @@ class KVBuffers:
     def ring_slot(self, b):
         return b % self.plan.ring
 
-    def prefetch_block(self, kslot, vslot, h, b) -> None:
-        """Software prefetch (prefetcht1: into L2; t0 measured no gain) of stored block b of head h: its key
-        codes and params, its value codes and params. A decode step reads blocks scattered over the store,
-        where the hardware prefetchers only start after the first misses of each; prefetches never fault."""
+    def prefetch_block(self, kslot, vslot, h, b, locality: int = 2) -> None:
+        """Software prefetch (LLVM locality: 2, prefetcht1, into L2, by default; t0 measured no gain) of stored
+        block b of head h: its key codes and params, its value codes and params. A decode step reads blocks
+        scattered over the store, where the hardware prefetchers only start after the first misses of each;
+        prefetches never fault."""
         for buf, idx in ((self.k_store, (kslot, h, b)), (self.k_side, (kslot, h, b)), (self.v_store, (vslot, h, b)),
                          (self.v_params, (vslot, h, b))):
             if buf is None:
@@ -105,7 +106,7 @@ class KVBuffers:
             zeros = [0] * (len(buf.shape) - 4)
             for line in range(0, per_block * item, 64):
                 addr = tirx.address_of(tirx.BufferLoad(buf, [*idx, *zeros, tirx.IntImm("int64", line // item)]))
-                I.evaluate(tirx.call_llvm_intrin("void", "llvm.prefetch.p0", addr, 0, 2, 1))
+                I.evaluate(tirx.call_llvm_intrin("void", "llvm.prefetch.p0", addr, 0, locality, 1))
 
     # --- writing -------------------------------------------------------------------------
     def write_k(self, layer, h, p, vecs) -> None:

@@ -11,17 +11,7 @@ from typing import Any, ClassVar, Mapping
 from ..compiler.graph import OpKind, TensorType
 from ..quant import QuantType
 from ..targets import TargetPreset
-
-
-@dataclass(frozen=True)
-class Knob:
-    """A schedule parameter. Every knob changes the generated code (tests/test_schedule_knobs.py)."""
-
-    name: str
-    default: int
-    choices: tuple[int, ...]
-    doc: str
-    numerics: bool = False  # changes the kernel's results, not only its speed: never chosen on speed alone
+from .space import Constraint, Knob, Space
 
 
 @dataclass(frozen=True)
@@ -88,9 +78,20 @@ class Rule(ABC):
     def default_knobs(self, req: KernelRequest, target: TargetPreset) -> dict[str, int]:
         return {k.name: k.default for k in self.knobs}
 
-    def space(self, req: KernelRequest, target: TargetPreset) -> tuple[Knob, ...]:
+    def active_knobs(self, req: KernelRequest, target: TargetPreset) -> tuple[Knob, ...]:
         """The knobs that change this request's kernel (some only matter for chunks of tokens, say)."""
         return self.knobs
+
+    def constraints(self, req: KernelRequest, target: TargetPreset) -> tuple[Constraint, ...]:
+        """What a point must satisfy for this request (divisibility by its shapes, register budgets)."""
+        return ()
+
+    def space(self, req: KernelRequest, target: TargetPreset, numerics: bool = False) -> Space:
+        """The request's schedule space: its active knobs (without `numerics`, only those that keep the
+        kernel's results: the speed-search space) under the rule's constraints."""
+        knobs = tuple(k for k in self.active_knobs(req, target) if numerics or not k.numerics)
+        return Space(self.name, knobs, self.default_knobs(req, target), self.constraints(req, target),
+                     lambda p: self.canonical(req, target, p))
 
     def canonical(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]) -> dict[str, int]:
         """`knobs` with every knob that has no effect given the others set to its default, so that points of
@@ -109,4 +110,7 @@ class Rule(ABC):
             if k not in knobs:
                 raise ValueError(f"rule {self.name} has no knob {k!r} (knobs: {sorted(knobs)})")
             knobs[k] = int(v)
+        bad = [c.doc for c in self.constraints(req, target) if not c.holds(knobs)]
+        if bad:
+            raise ValueError(f"rule {self.name}: knobs {knobs} break: {'; '.join(bad)}")
         return knobs

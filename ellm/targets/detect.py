@@ -26,6 +26,18 @@ class HostCPU:
         return {"model_name": self.model_name, "llvm_cpu": self.llvm_cpu, "logical_cpus": self.logical_cpus,
                 "caches": dict(self.caches), "preset": preset_for_host(self).name}
 
+    @property
+    def identity(self) -> str:
+        """The CPU model as tuning records name it: the model name with LLVM's name for the core (virtual
+        machines often report only "AMD EPYC", whatever the generation)."""
+        return f"{self.model_name} [{self.llvm_cpu}]"
+
+    @property
+    def compute_flags(self) -> list[str]:
+        """The flags that decide which code runs fast here (vector, dot-product and matrix extensions)."""
+        keep = ("avx", "amx", "fma", "f16c", "bmi", "sse", "vnni", "vpclmul", "gfni", "vaes")
+        return sorted(f for f in self.flags if f.startswith(keep))
+
     def can_run(self, preset: TargetPreset) -> bool:
         return not missing_features(preset.required_cpu_features, set(self.flags))
 

@@ -1,0 +1,150 @@
+"""Search quality of the tuner's strategies, per kernel: how close 64 trials get to the best of a sweep.
+
+Phase 1 measures each kernel's landscape on this machine with the tuner's own builder and runner: every
+point of its speed-search space where it has at most --sweep points, else --sweep distinct random points
+(the default always among them). Every measurement is appended to a tuning database (strategy "sweep").
+Phase 2 replays each strategy on the measured landscape (the space restricted to the swept points, so a
+proposal's time is its measured time) with several seeds: best-so-far after each trial, relative to the
+sweep's best. Replays make many seeds cheap; the times they read are real measurements of one run.
+
+    python bench/search_quality.py [MODEL] --kernels REGEX --sweep 512 --trials 64 --seeds 5 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import statistics
+import sys
+import time
+
+from ellm.autotune import STRATEGIES, LocalBuilder, LocalRunner, TuneOptions, TuningDatabase
+from ellm.autotune.measure import Workload
+from ellm.autotune.tuner import make_strategy, search_kernel, trial_record, tunable_kernels
+from ellm.compiler.build import CompileOptions
+from ellm.runtime.threads import set_threads
+from ellm.schedules import rule_by_name
+from ellm.schedules.space import Constraint, Space
+from ellm.targets import detect_host, resolve_target
+
+
+def sweep_points(space: Space, n: int, seed: int) -> list[dict]:
+    pts = list(space.points())
+    if len(pts) <= n:
+        return pts
+    rng = random.Random(seed)
+    rest = [p for p in pts if space.key(p) != space.key(space.default)]
+    return [space.default] + rng.sample(rest, n - 1)
+
+
+def restricted(space: Space, keys: set, doc: str) -> Space:
+    """`space` limited to the points whose keys are in `keys`."""
+    return dataclasses.replace(space, constraints=space.constraints + (Constraint(doc, lambda p: Space.key(p) in keys),))
+
+
+def measure_landscape(info, preset, points, builder, runner, db, host, threads, log) -> dict:
+    """key -> seconds (None: failed) for every point, measured here, in grid order (the default first)."""
+    rule = rule_by_name(info.rule)
+    space = restricted(rule.space(info.req, preset), {Space.key(p) for p in points}, "chosen for the sweep")
+    opts = TuneOptions("grid", trials=len(points), batch=8, patience=None)
+    table: dict = {}
+    default_s = [0.0]
+
+    def on_trial(p, trial, index, elapsed):
+        if index == 0 and trial.status == "ok":
+            default_s[0] = trial.seconds
+        table[space.key(p)] = trial.seconds if trial.status == "ok" else None
+        db.append(trial_record(preset, host, threads, info, rule.name, p, trial, index, elapsed, default_s[0], "sweep"))
+
+    search_kernel(info.name, rule, info.req, preset, opts, builder, runner, on_trial, log=log,
+                  strategy=STRATEGIES["grid"](space))
+    return table
+
+
+def replay(info, preset, table: dict, strategy: str, trials: int, seed: int) -> list[float]:
+    """Best-so-far seconds after each trial of `strategy` on the measured landscape (the default first)."""
+    rule = rule_by_name(info.rule)
+    space = restricted(rule.space(info.req, preset), set(table), "measured in the sweep")
+    s = make_strategy(strategy, rule, info.req, preset, seed, space=space)
+    best, curve = None, []
+    pending = [space.default]
+    while len(curve) < trials:
+        pts = pending or s.propose(min(8, trials - len(curve)))
+        pending = []
+        if not pts:
+            break
+        obs = []
+        for p in pts:
+            t = table.get(space.key(p))
+            obs.append((p, t))
+            if t is not None and (best is None or t < best):
+                best = t
+            curve.append(best)
+        s.observe(obs)
+    return curve
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", nargs="?")
+    ap.add_argument("--target", default="auto")
+    ap.add_argument("--kernels", default=None, help="regex of kernel names")
+    ap.add_argument("--sweep", type=int, default=512)
+    ap.add_argument("--trials", type=int, default=64)
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--db", default="search_quality.jsonl", help="tuning database the sweep appends to")
+    ap.add_argument("--json", default=None, help="write the results here")
+    a = ap.parse_args(argv)
+
+    preset = resolve_target(a.target)
+    cfg, infos = tunable_kernels(a.model, preset, CompileOptions(target=preset.name), a.kernels)
+    host = detect_host()
+    threads = a.threads or host.logical_cpus
+    set_threads(threads)
+    wl = Workload(ctx=a.ctx, layers=cfg.n_layers)
+    db = TuningDatabase.open(a.db)
+    log = lambda s: print(s, file=sys.stderr)  # noqa: E731
+    out = {"host": host.record(), "target": preset.name, "threads": threads, "trials": a.trials, "seeds": a.seeds, "kernels": []}
+    with LocalBuilder() as builder:
+        runner = LocalRunner(wl)
+        for info in infos:
+            rule = rule_by_name(info.rule)
+            space = rule.space(info.req, preset)
+            if len(space) < 2:
+                continue
+            pts = sweep_points(space, a.sweep, 0)
+            log(f"{info.name} ({rule.name}): sweeping {len(pts)} of {len(space)} points")
+            t0 = time.time()
+            table = measure_landscape(info, preset, pts, builder, runner, db, host, threads, log)
+            ok = [t for t in table.values() if t is not None]
+            if not ok:
+                continue
+            best, default = min(ok), table.get(space.key(space.default))
+            k = {"kernel": info.name, "rule": rule.name, "space": len(space), "swept": len(pts), "sweep_s": time.time() - t0,
+                 "best_s": best, "default_s": default, "strategies": {}}
+            for name in STRATEGIES:
+                curves = [replay(info, preset, table, name, a.trials, seed) for seed in range(a.seeds)]
+                final = [best / c[-1] for c in curves if c and c[-1]]
+                k["strategies"][name] = {
+                    "median_fraction_of_best": statistics.median(final) if final else 0.0,
+                    "curves": [[best / x if x else 0.0 for x in c] for c in curves],
+                }
+                log(f"  {name:12s} {statistics.median(final) if final else 0:.3f} of the sweep's best after {a.trials} trials")
+            out["kernels"].append(k)
+    for name in STRATEGIES:
+        vals = [k["strategies"][name]["median_fraction_of_best"] for k in out["kernels"]]
+        out.setdefault("median_over_kernels", {})[name] = statistics.median(vals) if vals else 0.0
+    text = json.dumps(out, indent=1)
+    if a.json:
+        with open(a.json, "w") as f:
+            f.write(text)
+    print(json.dumps(out["median_over_kernels"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

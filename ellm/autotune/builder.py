@@ -1,0 +1,120 @@
+"""Candidate builds in parallel worker processes: each job builds one point of a rule's space exactly as
+compile does (`Rule.build_kernel`, prefetch injection included), compiles it with LLVM and exports a
+shared library for the runner (here or on an RPC server) to load.
+
+Workers are spawned once per builder and import TVM once; a build that raises is a result with status
+"build_error", and a worker that dies takes down only its own job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from ..schedules import KernelRequest
+
+
+@dataclass(frozen=True)
+class BuildJob:
+    rule: str
+    req: KernelRequest
+    target: str  # preset name
+    knobs: dict[str, int]
+
+    def digest(self) -> str:
+        doc = [self.rule, self.req.key(), self.target, sorted(self.knobs.items())]
+        return hashlib.sha1(json.dumps(doc).encode()).hexdigest()[:16]
+
+
+@dataclass
+class Built:
+    job: BuildJob
+    status: str  # "ok" or "build_error"
+    path: str | None = None  # the exported library
+    message: str = ""
+    seconds: float = 0.0  # build time
+    features: list[float] = field(default_factory=list)  # TIR features (features.py) of the kernel
+
+
+def build_one(job: BuildJob, out_dir: str) -> Built:
+    """Build, compile and export one candidate (runs in a worker, or inline)."""
+    t0 = time.perf_counter()
+    try:
+        import tvm
+
+        from ..schedules import rule_by_name
+        from ..targets import get_preset
+        from .features import tir_features
+
+        rule, preset = rule_by_name(job.rule), get_preset(job.target)
+        knobs = rule.resolve_knobs(job.req, preset, job.knobs)
+        feats = tir_features(rule.build(job.req, preset, knobs))
+        func = rule.build_kernel(job.req, preset, knobs)
+        ex = tvm.compile(func.with_attr("global_symbol", "kernel"), target=preset.tvm_target())
+        path = os.path.join(out_dir, f"{job.digest()}.so")
+        ex.export_library(path)
+        return Built(job, "ok", path, "", time.perf_counter() - t0, feats)
+    except Exception as e:  # noqa: BLE001 - a candidate's failure is its result
+        return Built(job, "build_error", None, f"{type(e).__name__}: {e}", time.perf_counter() - t0)
+
+
+def _warm() -> None:
+    import tvm  # noqa: F401
+
+    from .. import schedules  # noqa: F401
+
+
+class LocalBuilder:
+    """Builds jobs on `workers` processes (0: in this process)."""
+
+    def __init__(self, workers: int | None = None, out_dir: str | Path | None = None):
+        self.workers = (os.cpu_count() or 1) if workers is None else workers
+        self._tmp = None if out_dir else tempfile.TemporaryDirectory(prefix="ellm-tune-")
+        self.out_dir = str(out_dir or self._tmp.name)
+        self._pool = None
+
+    def _executor(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            import multiprocessing as mp
+
+            # spawn: a forked child would inherit TVM's thread pool in whatever state it is in
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"), initializer=_warm)
+        return self._pool
+
+    def build(self, jobs: Sequence[BuildJob]) -> list[Built]:
+        if not self.workers:
+            return [build_one(j, self.out_dir) for j in jobs]
+        futures = [self._executor().submit(build_one, j, self.out_dir) for j in jobs]
+        out = []
+        for j, f in zip(jobs, futures):
+            try:
+                out.append(f.result())
+            except BrokenProcessPool as e:  # a worker died (LLVM abort): this job failed, start a new pool
+                out.append(Built(j, "build_error", None, f"build worker died: {e}"))
+                self._pool = None
+        return out
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> "LocalBuilder":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+__all__ = ["BuildJob", "Built", "LocalBuilder", "build_one"]

@@ -1,0 +1,135 @@
+"""Run built candidates on this machine: check each against the kernel's default on the same inputs, then
+time it with the harness of measure.py.
+
+The check is differential: points of a speed-search space change how a kernel runs, not what it computes,
+so after one call from the same state every buffer a candidate writes must match the default's (floats to
+a summation-order tolerance, everything else exactly). The defaults themselves are checked against
+float64 references by the test suite, and random points of every space too (tests/test_space_numerics.py).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..schedules import KernelRequest, rule_by_name
+from ..targets import get_preset
+from .builder import Built
+from .measure import Workload, argument_sets, calls_for, inputs, last_level_cache, param_names, time_passes, weight_bytes
+
+RTOL = 2e-3  # of the largest magnitude of a float output: split-K merges and tiling reorder float sums
+
+
+@dataclass
+class Trial:
+    status: str  # ok, build_error, run_error, wrong
+    seconds: float | None = None  # median per call
+    stats: dict[str, float] = field(default_factory=dict)  # median, min, max (seconds), passes, calls
+    message: str = ""
+
+
+def mismatch(got: list[np.ndarray], want: list[np.ndarray]) -> str:
+    """'' when every buffer matches, else which one differs and by how much."""
+    for i, (g, w) in enumerate(zip(got, want)):
+        if g.dtype.kind == "f":
+            g64, w64 = g.astype(np.float64), w.astype(np.float64)
+            if not np.array_equal(np.isnan(g64), np.isnan(w64)):
+                return f"argument {i}: NaN where the default has none (or the reverse)"
+            finite = ~np.isnan(w64)
+            scale = float(np.abs(w64[finite]).max()) if finite.any() else 0.0
+            err = float(np.abs(g64[finite] - w64[finite]).max()) if finite.any() else 0.0
+            if err > RTOL * scale + 1e-6:
+                return f"argument {i}: off by {err:.3g} (largest value {scale:.3g})"
+        elif not np.array_equal(g, w):
+            return f"argument {i}: {int((g != w).sum())} elements differ"
+    return ""
+
+
+def call_bytes(func, args, wl: Workload) -> int:
+    """Bytes one call streams: its packed weights; for attention (a `layer` argument), one layer's share of
+    the KV state it is given (the whole cache at the workload's context)."""
+    import tvm
+
+    names = param_names(func)
+    w = weight_bytes(func, args)
+    if w or "layer" not in names:
+        return w
+    state = sum(int(np.prod(a.shape)) * np.dtype(str(a.dtype)).itemsize for n, a in zip(names, args)
+                if isinstance(a, tvm.runtime.Tensor) and n not in ("q", "out", "attn"))
+    return state // max(1, wl.layers)
+
+
+class KernelBench:
+    """One kernel's inputs, its default's outputs and the timing sets, made once for all its candidates."""
+
+    def __init__(self, rule: str, req: KernelRequest, target: str, wl: Workload):
+        import tvm
+
+        preset = get_preset(target)
+        r = rule_by_name(rule)
+        self.func = r.build(req, preset, r.default_knobs(req, preset))  # parameters are the same for every point
+        self.req, self.wl = req, wl
+        self.args = inputs(self.func, req, wl, np.random.default_rng(0))
+        self.initial = [a.numpy() if isinstance(a, tvm.runtime.Tensor) else a for a in self.args]
+        self.cold = req.m == 1
+        self.bytes = call_bytes(self.func, self.args, wl)
+        self.sets = None
+        self.reference: list[np.ndarray] | None = None
+
+    def once(self, f) -> list[np.ndarray]:
+        """Every buffer after one call from the initial state."""
+        import tvm
+
+        fresh = [tvm.runtime.tensor(a) if isinstance(a, np.ndarray) else a for a in self.initial]
+        f(*fresh)
+        return [t.numpy() for t in fresh if isinstance(t, tvm.runtime.Tensor)]
+
+    def time(self, f) -> dict[str, float]:
+        if self.sets is None:
+            self.sets = argument_sets(self.func, self.args, self.cold, last_level_cache(), self.wl.layers)
+        calls = calls_for(self.req, self.cold)
+        t = time_passes(f, self.sets, calls)
+        return {"median": statistics.median(t), "min": min(t), "max": max(t), "passes": len(t), "calls": calls,
+                "bytes": self.bytes}
+
+
+class LocalRunner:
+    """Checks and times built candidates here, one at a time (timings must not overlap)."""
+
+    name = "local"
+
+    def __init__(self, workload: Workload = Workload()):
+        self.workload = workload
+        self._benches: dict[str, KernelBench] = {}
+
+    def bench(self, built: Built) -> KernelBench:
+        j = built.job
+        key = j.req.key() + j.rule + j.target
+        if key not in self._benches:
+            self._benches = {key: KernelBench(j.rule, j.req, j.target, self.workload)}  # one kernel at a time
+        return self._benches[key]
+
+    def run(self, built: Built, is_default: bool = False) -> Trial:
+        import tvm
+
+        if built.status != "ok":
+            return Trial(built.status, message=built.message)
+        try:
+            b = self.bench(built)
+            f = tvm.runtime.load_module(built.path)["kernel"]
+            out = b.once(f)
+            if is_default or b.reference is None:
+                b.reference = out
+            else:
+                bad = mismatch(out, b.reference)
+                if bad:
+                    return Trial("wrong", message=f"differs from the default: {bad}")
+            stats = b.time(f)
+        except Exception as e:  # noqa: BLE001 - a crash of a candidate is its result
+            return Trial("run_error", message=f"{type(e).__name__}: {e}")
+        return Trial("ok", stats["median"], stats)
+
+
+__all__ = ["KernelBench", "LocalRunner", "Trial", "mismatch"]
