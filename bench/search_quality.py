@@ -56,7 +56,7 @@ def measure_landscape(info, preset, points, builder, runner, db, host, threads, 
         if index == 0 and trial.status == "ok":
             default_s[0] = trial.seconds
         table[space.key(p)] = trial.seconds if trial.status == "ok" else None
-        db.append(trial_record(preset, host, threads, info, rule.name, p, trial, index, elapsed, default_s[0], "sweep"))
+        db.append(trial_record(preset, (host.identity, host.compute_flags), threads, info, rule.name, p, trial, index, elapsed, default_s[0], "sweep"))
 
     search_kernel(info.name, rule, info.req, preset, opts, builder, runner, on_trial, log=log,
                   strategy=STRATEGIES["grid"](space))

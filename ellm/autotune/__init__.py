@@ -10,12 +10,13 @@ from ..schedules.space import Constraint, Knob, Space
 from .builder import BuildJob, Built, LocalBuilder
 from .cost_model import CostModel
 from .database import TuningDatabase, TuningLookup, TuningRecord
+from .rpc import RPCRunner
 from .runner import LocalRunner, Trial
 from .strategies import STRATEGIES, EvolutionarySearch, GridSearch, ModelSearch, RandomSearch, Strategy
 from .tuner import KernelSearch, TuneOptions, search_kernel, tune_model
 
 __all__ = [
     "STRATEGIES", "BuildJob", "Built", "Constraint", "CostModel", "EvolutionarySearch", "GridSearch", "KernelSearch", "Knob",
-    "LocalBuilder", "LocalRunner", "ModelSearch", "RandomSearch", "Space", "Strategy", "Trial", "TuneOptions",
+    "LocalBuilder", "LocalRunner", "ModelSearch", "RPCRunner", "RandomSearch", "Space", "Strategy", "Trial", "TuneOptions",
     "TuningDatabase", "TuningLookup", "TuningRecord", "search_kernel", "tune_model",
 ]

@@ -40,6 +40,9 @@ def add_parser(sub) -> None:
     tu.add_argument("--kernels", type=_regex, default=None, metavar="REGEX", help="tune only kernels whose name matches")
     tu.add_argument("--resume", action="store_true", help="continue the searches recorded in the database")
     tu.add_argument("--json", action="store_true", help="print a JSON summary per kernel")
+    tu.add_argument("--rpc-tracker", metavar="HOST:PORT", help="measure on the servers of TVM's RPC tracker (built here)")
+    tu.add_argument("--rpc-key", metavar="KEY", help="the servers' key (with --rpc-tracker)")
+    tu.add_argument("--rpc-cpu", metavar="NAME", help="the servers' CPU model as records name it (default: KEY [llvm cpu])")
     add_compile_option_args(tu)
     tu.set_defaults(func=cmd_tune)
     add_report_parser(sub)
@@ -49,11 +52,22 @@ def cmd_tune(a: argparse.Namespace) -> int:
     from .measure import Workload
     from .tuner import TuneOptions, tune_model
 
+    from ..errors import EllmError
+
     opts = TuneOptions(a.strategy, a.trials, a.time_budget, a.batch, a.patience, a.seed, a.workers)
     log = (lambda s: print(s, file=sys.stderr)) if a.json else print
+    wl = Workload(tokens=a.tokens, ctx=a.ctx)
+    runner = None
+    if bool(a.rpc_tracker) != bool(a.rpc_key):
+        raise EllmError("--rpc-tracker and --rpc-key go together")
+    if a.rpc_tracker:
+        from .rpc import RPCRunner
+
+        runner = RPCRunner(a.rpc_tracker, a.rpc_key, wl, cpu_label=a.rpc_cpu, threads=a.threads)
+        log(f"measuring on {runner.sessions} RPC servers of key {a.rpc_key} ({runner.cpu})")
     db = tune_model(
-        a.model, a.output, target=a.target, threads=a.threads, workload=Workload(tokens=a.tokens, ctx=a.ctx), log=log,
-        kernels=a.kernels, options=opts, compile_options=compile_options(a, target=a.target), resume=a.resume, bandwidth=True,
+        a.model, a.output, target=a.target, threads=a.threads, workload=wl, log=log, kernels=a.kernels, options=opts,
+        compile_options=compile_options(a, target=a.target), resume=a.resume, bandwidth=runner is None, runner=runner,
     )
     if a.json:
         print(json.dumps(summary(db), indent=1))

@@ -28,6 +28,7 @@ class Trial:
     seconds: float | None = None  # median per call
     stats: dict[str, float] = field(default_factory=dict)  # median, min, max (seconds), passes, calls
     message: str = ""
+    runner: str = "local"  # where it ran: local, or rpc:<key>@<server>
 
 
 def mismatch(got: list[np.ndarray], want: list[np.ndarray]) -> str:
@@ -110,6 +111,9 @@ class LocalRunner:
         if key not in self._benches:
             self._benches = {key: KernelBench(j.rule, j.req, j.target, self.workload)}  # one kernel at a time
         return self._benches[key]
+
+    def run_many(self, builts, defaults) -> list[Trial]:
+        return [self.run(b, d) for b, d in zip(builts, defaults)]
 
     def run(self, built: Built, is_default: bool = False) -> Trial:
         import tvm

@@ -120,9 +120,11 @@ def search_kernel(name: str, rule: Rule, req: KernelRequest, target: TargetPrese
         if not points:
             break  # the space is exhausted
         built = builder.build([BuildJob(rule.name, req, target.name, p) for p in points])
+        is_default = [strategy.space.key(p) == strategy.space.key(default) for p in points]
+        trials = runner.run_many(built, is_default) if hasattr(runner, "run_many") else \
+            [runner.run(b, d) for b, d in zip(built, is_default)]
         observed = []
-        for p, b in zip(points, built):
-            trial = runner.run(b, is_default=strategy.space.key(p) == strategy.space.key(default))
+        for p, trial in zip(points, trials):
             elapsed = time.perf_counter() - t0
             result.trials.append((p, trial, elapsed))
             on_trial(p, trial, len(result.trials) - 1, elapsed)
@@ -175,7 +177,11 @@ def tune_model(
     host = detect_host()
     n_threads = threads or host.logical_cpus
     set_threads(n_threads)
+    if runner is not None:
+        runner.workload = workload  # with the model's layer count
     runner = runner or LocalRunner(workload)
+    # the CPU the trials run on: this host's, or the RPC servers'
+    cpu = (runner.cpu, runner.cpu_features) if hasattr(runner, "cpu") else (host.identity, host.compute_flags)
     run_opts = {"compile": {k: str(v) for k, v in dataclasses.asdict(copts).items()}, "workload": dataclasses.asdict(workload),
                 "strategy": options.strategy, "trials": options.trials, "seed": options.seed}
     if bandwidth:  # the run's GB/s as % of it (tune report)
@@ -187,15 +193,15 @@ def tune_model(
     with LocalBuilder(options.workers) as builder:
         for i, info in enumerate(infos):
             rule = rule_by_name(info.rule)
-            done = _earlier(db, preset, host, n_threads, info, rule) if resume else []
+            done = _earlier(db, preset, cpu[0], n_threads, info, rule) if resume else []
             default_s = next((t.seconds for p, t in done if p == rule.space(info.req, preset).default and t.status == "ok"), 0.0)
             state = {"default": default_s}
 
             def record(p: Point, trial: Trial, index: int, elapsed: float, info=info, rule=rule, state=state) -> None:
                 if index == 0 and trial.status == "ok" and not state["default"]:
                     state["default"] = trial.seconds
-                db.append(trial_record(preset, host, n_threads, info, rule.name, p, trial, index, elapsed, state["default"],
-                                       options.strategy, getattr(runner, "last_runner", runner.name), run_opts, vers))
+                db.append(trial_record(preset, cpu, n_threads, info, rule.name, p, trial, index, elapsed, state["default"],
+                                       options.strategy, run_opts, vers))
                 if trial.status != "ok":
                     log(f"  {info.name}: trial {index} {trial.status}: {p}: {trial.message}")
 
@@ -210,22 +216,23 @@ def tune_model(
     return db
 
 
-def trial_record(preset, host, threads: int, info, rule: str, point: Point, trial: Trial, index: int, elapsed: float,
-                 default_seconds: float, strategy: str, runner: str = "local", options: dict | None = None,
+def trial_record(preset, cpu: tuple[str, list[str]], threads: int, info, rule: str, point: Point, trial: Trial,
+                 index: int, elapsed: float, default_seconds: float, strategy: str, options: dict | None = None,
                  vers: dict | None = None) -> TuningRecord:
-    """The database record of one trial of kernel `info` (a lowered kernel) measured on `host`."""
+    """The database record of one trial of kernel `info` (a lowered kernel) measured on `cpu` (its identity
+    and compute features)."""
     return TuningRecord(
-        preset.name, host.identity, info.name, rule, dict(point), trial.seconds or 0.0, threads, info.request,
-        int(time.time()), trial.status, trial.message, default_seconds, host.compute_flags, trial.stats, strategy, index,
-        round(elapsed, 3), runner, options or {}, vers or versions(),
+        preset.name, cpu[0], info.name, rule, dict(point), trial.seconds or 0.0, threads, info.request,
+        int(time.time()), trial.status, trial.message, default_seconds, list(cpu[1]), trial.stats, strategy, index,
+        round(elapsed, 3), trial.runner, options or {}, vers or versions(),
     )
 
 
-def _earlier(db: TuningDatabase, preset, host, threads: int, info, rule) -> list[tuple[Point, Trial]]:
+def _earlier(db: TuningDatabase, preset, cpu: str, threads: int, info, rule) -> list[tuple[Point, Trial]]:
     """This kernel's trials already in the database for this CPU model, threads and target (for --resume)."""
     out = []
     for r in db.trials():
-        if (r.target, r.cpu, r.threads, r.kernel, r.rule) == (preset.name, host.identity, threads, info.name, rule.name):
+        if (r.target, r.cpu, r.threads, r.kernel, r.rule) == (preset.name, cpu, threads, info.name, rule.name):
             out.append((dict(r.knobs), Trial(r.status, r.seconds if r.status == "ok" else None, dict(r.stats), r.message)))
     return out
 
