@@ -52,8 +52,8 @@ def measure_landscape(info, preset, points, builder, runner, db, host, threads, 
     table: dict = {}
     default_s = [0.0]
 
-    def on_trial(p, trial, index, elapsed):
-        if index == 0 and trial.status == "ok":
+    def on_trial(p, trial, index, elapsed, is_default):
+        if is_default and trial.status == "ok":
             default_s[0] = trial.seconds
         table[space.key(p)] = trial.seconds if trial.status == "ok" else None
         db.append(trial_record(preset, (host.identity, host.compute_flags), threads, info, rule.name, p, trial, index, elapsed, default_s[0], "sweep"))

@@ -95,7 +95,7 @@ def test_a_server_killed_mid_run_loses_only_its_trials(tmp_path, tracker):
     def kill_after_some_trials():
         deadline = time.time() + 300
         while time.time() < deadline:
-            if path.exists() and len(path.read_text().splitlines()) >= 5:  # header + 4 trials
+            if path.exists() and len(path.read_text().splitlines()) >= 5:  # the first batch recorded (8 trials)
                 os.killpg(servers[1].pid, signal.SIGKILL)
                 return
             time.sleep(0.05)

@@ -231,7 +231,23 @@ def test_resume_continues_a_search_without_repeating_points():
     more = search_kernel("k", rule, req, ZEN4, TuneOptions("evolutionary", trials=24, batch=4), _FakeBuilder(),
                          _FakeRunner(seconds), done=done)
     keys = [tuple(sorted(p.items())) for p, _, _ in more.trials]
-    assert len(keys) == 24 and len(set(keys)) == 24 and keys[:12] == [tuple(sorted(p.items())) for p, _ in done]
+    default = tuple(sorted(rule.space(req, ZEN4).default.items()))
+    assert len(keys) == 24 and keys[:12] == [tuple(sorted(p.items())) for p, _ in done]
+    assert keys[12] == default  # every run measures the default again first: its reference and its time
+    assert len(set(keys[13:]) | set(keys[:12])) == 23 and default not in keys[13:]
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_small_spaces_are_measured_once_each(name):
+    """The float GEMM's space has 16 points: 64 trials measure each once, the default first and only once."""
+    req = matmul_request(QuantType.Q4_1, 192, 512, m=None)
+    rule = select_rule(req, ZEN4)
+    space = rule.space(req, ZEN4)
+    assert rule.name == "gemm" and len(space) < 64
+    res = search_kernel("k", rule, req, ZEN4, TuneOptions(name, trials=64, batch=8, patience=None), _FakeBuilder(),
+                        _FakeRunner(_landscape(space, 2)))
+    keys = [space.key(p) for p, _, _ in res.trials]
+    assert keys[0] == space.key(space.default) and len(keys) == len(set(keys)) == len(space)
 
 
 def test_tune_options_are_validated():

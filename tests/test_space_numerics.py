@@ -23,6 +23,7 @@ from ellm.quant import QuantType
 
 pytestmark = pytest.mark.skipif(PRESET.isa is None, reason="the integer kernels need AVX2")
 
+# 200 in all, as the issue asks
 DRAWS = {"gemv": 80, "gemm": 55, "attention_decode": 25, "attention_input": 22, "int_ffn": 18}
 N, K = 384, 768  # 24 row tiles (every tiles_per_task divides), 24 groups of 32 and 48 of 16 (every unroll divides)
 QTYPES = (QuantType.Q4_0, QuantType.Q4_1, QuantType.Q8_0, QuantType.Q4_K, QuantType.Q6_K)
@@ -107,7 +108,3 @@ def test_int_ffn_points():
         assert ffn_error(m, PRESET, knobs) <= 1e-4
 
     check()
-
-
-def test_draws_cover_200_points():
-    assert sum(DRAWS.values()) >= 200

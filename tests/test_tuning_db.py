@@ -77,8 +77,9 @@ def test_compile_reports_misses_for_a_database_of_other_options(tmp_path):
 
 
 def test_trials_append_as_json_lines_and_a_torn_line_is_skipped(tmp_path):
-    """Every trial is one line appended at once; a crash mid-append leaves a torn last line that reading
-    skips; a damaged line elsewhere or another format is an error that says so."""
+    """Every trial is one line appended at once; a crash mid-append leaves a torn line that reading skips
+    and the next append does not run into; a file of other JSON, or of the old format, is an error that
+    says so."""
     import json
 
     import pytest
@@ -96,8 +97,13 @@ def test_trials_append_as_json_lines_and_a_torn_line_is_skipped(tmp_path):
         f.write('{"target": "znver4", "cpu": "cpu A", "kern')  # torn
     again = TuningDatabase.open(path)
     assert len(again.trials()) == 3 and again.best("znver4", REQ.key(), "gemv", "cpu A", 2).knobs == {"rows_per_task": 4}
-    path.write_text(lines[0] + "\nnot json\n" + lines[1] + "\n")
-    with pytest.raises(EllmError, match="damaged"):
+    db2 = TuningDatabase(path)  # the next append starts a fresh line after the torn one
+    db2.append(_rec("cpu A", 2, 32, 0.5e-5))
+    again = TuningDatabase.open(path)
+    assert again.skipped == 1 and len(again.trials()) == 4
+    assert again.best("znver4", REQ.key(), "gemv", "cpu A", 2).knobs == {"rows_per_task": 32}
+    path.write_text(lines[0] + "\n" + json.dumps({"some": "thing"}) + "\n")
+    with pytest.raises(EllmError, match="not a tuning record"):
         TuningDatabase.open(path)
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"format": "ellm-tuning-db", "version": 1, "records": []}))
@@ -122,9 +128,12 @@ def test_two_processes_append_to_one_database(tmp_path):
 
 def test_merge_keeps_identical_records_once(tmp_path):
     a = _db(tmp_path)
-    b = TuningDatabase(None, a.trials())
+    b = TuningDatabase(None, a.trials() + a.trials()[:1])
     a.merge(b)
     assert len(a.trials()) == 3
+    c = TuningDatabase(None)
+    c.merge(b)
+    assert len(c.trials()) == 3
 
 
 def test_a_record_with_knobs_the_rule_no_longer_takes_is_stale(tmp_path):

@@ -2,8 +2,9 @@
 compile does (`Rule.build_kernel`, prefetch injection included), compiles it with LLVM and exports a
 shared library for the runner (here or on an RPC server) to load.
 
-Workers are spawned once per builder and import TVM once; a build that raises is a result with status
-"build_error", and a worker that dies takes down only its own job.
+Workers are spawned once per builder and import TVM once (scripts that use a builder need the usual
+`if __name__ == "__main__":` guard of spawned processes); a build that raises is a result with status
+"build_error", and a job that kills its worker is found by rebuilding the unfinished jobs one by one.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ class BuildJob:
     req: KernelRequest
     target: str  # preset name
     knobs: dict[str, int]
+    prefetch: bool = True  # prefetch injection, as compile (--no-prefetch) has it
 
     def digest(self) -> str:
-        doc = [self.rule, self.req.key(), self.target, sorted(self.knobs.items())]
+        doc = [self.rule, self.req.key(), self.target, sorted(self.knobs.items()), self.prefetch]
         return hashlib.sha1(json.dumps(doc).encode()).hexdigest()[:16]
 
 
@@ -57,7 +59,7 @@ def build_one(job: BuildJob, out_dir: str) -> Built:
         rule, preset = rule_by_name(job.rule), get_preset(job.target)
         knobs = rule.resolve_knobs(job.req, preset, job.knobs)
         feats = tir_features(rule.build(job.req, preset, knobs))
-        func = rule.build_kernel(job.req, preset, knobs)
+        func = rule.build_kernel(job.req, preset, knobs, prefetch=job.prefetch)
         ex = tvm.compile(func.with_attr("global_symbol", "kernel"), target=preset.tvm_target())
         path = os.path.join(out_dir, f"{job.digest()}.so")
         ex.export_library(path)
@@ -93,19 +95,33 @@ class LocalBuilder:
         if not self.workers:
             return [build_one(j, self.out_dir) for j in jobs]
         futures = [self._executor().submit(build_one, j, self.out_dir) for j in jobs]
-        out = []
-        for j, f in zip(jobs, futures):
+        out: list[Built | None] = []
+        for f in futures:
             try:
                 out.append(f.result())
-            except BrokenProcessPool as e:  # a worker died (LLVM abort): this job failed, start a new pool
-                out.append(Built(j, "build_error", None, f"build worker died: {e}"))
-                self._pool = None
-        return out
+            except BrokenProcessPool:
+                out.append(None)
+        if any(b is None for b in out):  # a worker died (an LLVM abort, say): which job killed it is unknown,
+            self._shutdown()             # so each unfinished job is rebuilt alone in a fresh worker
+            out = [b if b is not None else self._alone(j) for b, j in zip(out, jobs)]
+        return out  # type: ignore[return-value]
+
+    def _alone(self, job: BuildJob) -> Built:
+        import multiprocessing as mp
+
+        with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"), initializer=_warm) as pool:
+            try:
+                return pool.submit(build_one, job, self.out_dir).result()
+            except BrokenProcessPool as e:
+                return Built(job, "build_error", None, f"the build worker died building it: {e}")
+
+    def _shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
-            self._pool = None
+        self._shutdown()
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None

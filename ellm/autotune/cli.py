@@ -63,6 +63,8 @@ def cmd_tune(a: argparse.Namespace) -> int:
     if a.rpc_tracker:
         from .rpc import RPCRunner
 
+        if a.threads is None:
+            raise EllmError("--rpc-tracker needs --threads: the thread count the servers' kernels run with")
         runner = RPCRunner(a.rpc_tracker, a.rpc_key, wl, cpu_label=a.rpc_cpu, threads=a.threads)
         log(f"measuring on {runner.sessions} RPC servers of key {a.rpc_key} ({runner.cpu})")
     db = tune_model(

@@ -124,6 +124,7 @@ class TuningDatabase:
     def __init__(self, path: Path | None = None, records: list[TuningRecord] | None = None):
         self.path = Path(path) if path else None
         self._trials: list[TuningRecord] = []
+        self.skipped = 0  # lines that were not JSON (torn by a crash mid-append) when opened
         self._best: dict[tuple[str, str, int, str, str], TuningRecord] = {}
         for r in records or []:
             self.add(r)
@@ -144,17 +145,17 @@ class TuningDatabase:
                 continue
             try:
                 doc = json.loads(line)
-            except ValueError:
-                if i == len(lines) - 1:
-                    continue
-                raise EllmError(f"{path}:{i + 1}: not a JSON record: the tuning database is damaged") from None
-            if i == 0 and isinstance(doc, dict) and doc.get("format") == DB_FORMAT:
+            except ValueError:  # torn by a crash mid-append (the next append starts a new line)
+                db.skipped += 1
+                continue
+            if isinstance(doc, dict) and doc.get("format") == DB_FORMAT:  # a header (two runs may both write one)
                 if doc.get("version") != DB_VERSION:
                     raise EllmError(f"{path} is a version {doc.get('version')} tuning database; this eLLM reads "
                                     f"version {DB_VERSION}: tune again")
                 continue
-            if i == 0:
-                raise EllmError(f"{path} is not an eLLM tuning database (JSON lines, version {DB_VERSION})")
+            if not isinstance(doc, dict) or "kernel" not in doc:
+                raise EllmError(f"{path}:{i + 1}: not a tuning record: {path} is not an eLLM tuning database "
+                                f"(JSON lines, version {DB_VERSION})")
             try:
                 db.add(TuningRecord.from_json(doc))
             except TypeError as e:
@@ -177,10 +178,14 @@ class TuningDatabase:
         """`add`, and append the record to the file at once."""
         kept = self.add(record)
         if self.path is not None:
-            header = not self.path.exists() or self.path.stat().st_size == 0
-            line = (_header() if header else "") + json.dumps(asdict(record), sort_keys=True) + "\n"
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            line = json.dumps(asdict(record), sort_keys=True) + "\n"
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
             try:
+                size = os.fstat(fd).st_size
+                if size == 0:
+                    line = _header() + line
+                elif os.pread(fd, 1, size - 1) != b"\n":  # a torn last line: this record starts a new one
+                    line = "\n" + line
                 os.write(fd, line.encode())
                 os.fsync(fd)
             finally:
@@ -210,7 +215,9 @@ class TuningDatabase:
         """Add another database's trials (a fleet's records combine); identical records are kept once."""
         have = {json.dumps(asdict(r), sort_keys=True) for r in self._trials}
         for r in other.trials():
-            if json.dumps(asdict(r), sort_keys=True) not in have:
+            text = json.dumps(asdict(r), sort_keys=True)
+            if text not in have:
+                have.add(text)
                 self.add(r)
 
     def lookup_for(self, target: str, cpu: str, threads: int) -> TuningLookup:

@@ -76,7 +76,8 @@ class RPCRunner:
         self.sessions = sessions or servers
         if self.sessions < 1:
             raise EllmError(f"the RPC tracker at {tracker} has no server with key {key!r}")
-        self._lock = threading.Lock()  # the tracker connection: one request at a time
+        self._lock = threading.Lock()  # session counts, benches, references
+        self._tracker_lock = threading.Lock()  # the tracker connection: one request at a time
         self._idle: queue.Queue[_Session] = queue.Queue()
         self._open = 0
         self._benches: dict[str, KernelBench] = {}
@@ -93,7 +94,7 @@ class RPCRunner:
         import tvm.rpc
         from tvm.rpc import base
 
-        with self._lock:
+        with self._tracker_lock:  # not self._lock: the tracker answers only once a server is free
             trk = self._tracker
             base.sendjson(trk._sock, [base.TrackerCode.REQUEST, self.key, "", 1])
             value = base.recvjson(trk._sock)
@@ -130,6 +131,20 @@ class RPCRunner:
         with self._lock:
             self._open -= 1
             self.sessions -= 1
+
+    def _failed(self, sess: _Session, e: Exception) -> Trial:
+        """The trial failed: if its server still answers, the candidate did (its session goes back), else
+        the server is lost and so is only this trial."""
+        try:
+            sess.remote.get_function("tvm.rpc.server.workpath")("probe")
+            alive = True
+        except Exception:  # noqa: BLE001
+            alive = False
+        if alive:
+            self._idle.put(sess)
+            return Trial("run_error", message=f"{sess.where}: {type(e).__name__}: {e}", runner=sess.where)
+        self._drop()
+        return Trial("run_error", message=f"{sess.where} lost: {type(e).__name__}: {e}", runner=sess.where)
 
     # --- trials -------------------------------------------------------------------------
     def _bench(self, built: Built) -> KernelBench:
@@ -171,8 +186,7 @@ class RPCRunner:
             mod["kernel"](*args)
             outs = [t.numpy() for t in args if isinstance(t, tvm.runtime.Tensor)]
         except Exception as e:  # noqa: BLE001 - a lost server or a crash of the candidate
-            self._drop()
-            return Trial("run_error", message=f"{sess.where}: {type(e).__name__}: {e}", runner=sess.where)
+            return self._failed(sess, e)
         kernel = built.job.req.key()
         with self._lock:
             ref = self._reference.get(kernel)
@@ -190,8 +204,7 @@ class RPCRunner:
                                     cache_flush_bytes=2 * last_level_cache() if cold else 0)
             t = list(ev(*args).results)
         except Exception as e:  # noqa: BLE001
-            self._drop()
-            return Trial("run_error", message=f"{sess.where}: {type(e).__name__}: {e}", runner=sess.where)
+            return self._failed(sess, e)
         self._idle.put(sess)
         stats = {"median": statistics.median(t), "min": min(t), "max": max(t), "passes": len(t), "calls": 1 if cold else 3,
                  "bytes": bench.bytes, "method": "rpc-flush" if cold else "rpc-hot"}

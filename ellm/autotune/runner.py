@@ -36,9 +36,9 @@ def mismatch(got: list[np.ndarray], want: list[np.ndarray]) -> str:
     for i, (g, w) in enumerate(zip(got, want)):
         if g.dtype.kind == "f":
             g64, w64 = g.astype(np.float64), w.astype(np.float64)
-            if not np.array_equal(np.isnan(g64), np.isnan(w64)):
-                return f"argument {i}: NaN where the default has none (or the reverse)"
-            finite = ~np.isnan(w64)
+            if not np.array_equal(np.isfinite(g64), np.isfinite(w64)) or not np.array_equal(g64[np.isinf(w64)], w64[np.isinf(w64)]):
+                return f"argument {i}: NaN or infinity where the default has a number (or the reverse)"
+            finite = np.isfinite(w64)
             scale = float(np.abs(w64[finite]).max()) if finite.any() else 0.0
             err = float(np.abs(g64[finite] - w64[finite]).max()) if finite.any() else 0.0
             if err > RTOL * scale + 1e-6:

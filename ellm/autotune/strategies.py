@@ -41,6 +41,17 @@ class Strategy:
             self.seen.add(self.space.key(p))
             self.results.append((p, s))
 
+    def fill(self, out: list[Point], n: int) -> list[Point]:
+        """`out` topped up to n with unmeasured points in enumeration order (when a strategy's own moves
+        only find measured points: small spaces, or their last few points)."""
+        if len(out) < n:
+            for p in self.space.points():
+                if len(out) == n:
+                    break
+                if self.fresh(p):
+                    out.append(self.take(p))
+        return out
+
     def best(self, k: int = 1) -> list[Point]:
         ok = sorted((s, i) for i, (_, s) in enumerate(self.results) if s is not None)
         return [self.results[i][0] for _, i in ok[:k]]
@@ -49,7 +60,7 @@ class Strategy:
         raise NotImplementedError
 
     def exhausted(self) -> bool:
-        return len(self.seen) >= len(self.space)
+        return all(not self.fresh(p) for p in self.space.points())
 
 
 class GridSearch(Strategy):
@@ -108,7 +119,7 @@ class EvolutionarySearch(Strategy):
         pop = self.best(self.population)
         out: list[Point] = []
         for _ in range(50 * n):
-            if len(out) == n or self.exhausted():
+            if len(out) == n:
                 break
             if len(pop) < 2:
                 p = self.space.sample(self.rng)
@@ -118,7 +129,7 @@ class EvolutionarySearch(Strategy):
                     p = self.space.mutate(p, self.rng)
             if self.fresh(p):
                 out.append(self.take(p))
-        return out
+        return self.fill(out, n)
 
 
 class ModelSearch(Strategy):
@@ -154,20 +165,20 @@ class ModelSearch(Strategy):
         cands: dict = {}
         top = self.best(4) if self.model.trained else []
         for _ in range(self.pool * 4):
-            if len(cands) >= (self.pool if top else n) or len(cands) + len(self.seen) >= len(self.space):
+            if len(cands) >= (self.pool if top else n):
                 break
             p = self.space.mutate(self.rng.choice(top), self.rng) if top and self.rng.random() < 0.5 else self.space.sample(self.rng)
             if self.fresh(p):
                 cands.setdefault(self.space.key(p), p)
         pts = list(cands.values())
-        if not top:  # nothing learnt yet: random points
-            return [self.take(p) for p in pts[:n]]
+        if not top or not pts:  # nothing learnt yet (random points), or nothing new found by sampling
+            return self.fill([self.take(p) for p in pts[:n]], n)
         pred = self.model.predict([self._feat(p) for p in pts])
         ranked = [pts[i] for i in np.argsort(pred, kind="stable")]
         greedy = n - int(round(n * self.explore))  # the best predictions, then random picks of the rest
         rest = ranked[greedy:]
         self.rng.shuffle(rest)
-        return [self.take(p) for p in (ranked[:greedy] + rest)[:n]]
+        return self.fill([self.take(p) for p in (ranked[:greedy] + rest)[:n]], n)
 
 
 STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (GridSearch, RandomSearch, EvolutionarySearch, ModelSearch)}

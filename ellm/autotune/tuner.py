@@ -9,6 +9,7 @@ space is exhausted, or after `patience` trials without a gain of 1% over the bes
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import time
@@ -46,6 +47,8 @@ class TuneOptions:
             raise EllmError(f"unknown search strategy {self.strategy!r} (choose from {', '.join(STRATEGIES)})")
         if self.trials < 1 or self.batch < 1 or (self.patience is not None and self.patience < 1):
             raise EllmError("tuning needs at least one trial per kernel, a batch of at least one and a positive patience")
+        if self.workers is not None and self.workers < 0:
+            raise EllmError("build workers must be 0 (build in this process) or more")
         if self.time_budget is not None and self.time_budget <= 0:
             raise EllmError("the time budget must be positive")
 
@@ -94,19 +97,24 @@ class KernelSearch:
 
 
 def search_kernel(name: str, rule: Rule, req: KernelRequest, target: TargetPreset, opts: TuneOptions, builder, runner,
-                  on_trial: Callable[[Point, Trial, int, float], None] = lambda *a: None,
+                  on_trial: Callable[[Point, Trial, int, float, bool], None] = lambda *a: None,
                   done: Sequence[tuple[Point, Trial]] = (), prior=(), log: Callable[[str], None] = lambda s: None,
-                  strategy: Strategy | None = None) -> KernelSearch:
+                  strategy: Strategy | None = None, prefetch: bool = True) -> KernelSearch:
     """Search one kernel. `done`: trials of an earlier run (resume), fed to the strategy first. `strategy`:
-    one made by the caller (default: `opts.strategy` over the request's space)."""
+    one made by the caller (default: `opts.strategy` over the request's space). Every run measures the
+    default first, resumed or not: it is the reference later candidates are checked against, and the time
+    their records are compared with."""
     strategy = strategy or make_strategy(opts.strategy, rule, req, target, opts.seed, prior)
-    default = strategy.space.default
+    space = strategy.space
+    default = space.default
+    done = [(p, t) for p, t in done if space.valid(p)]  # points this version of the rule still takes
     result = KernelSearch(name, rule.name, default, [(p, t, 0.0) for p, t in done])
     strategy.observe([(p, t.seconds if t.status == "ok" else None) for p, t in done])
+    strategy.take(default)  # measured below, outside the strategy's proposals
     t0 = time.perf_counter()
     best = min((t.seconds for _, t in done if t.status == "ok"), default=None)
     since_gain = 0
-    pending = [] if any(strategy.space.key(p) == strategy.space.key(default) for p, _ in done) else [default]
+    pending, first = [default], True
     while len(result.trials) < opts.trials:
         if opts.time_budget is not None and len(result.trials) > len(done) and time.perf_counter() - t0 > opts.time_budget:
             log(f"{name}: time budget reached")
@@ -115,19 +123,20 @@ def search_kernel(name: str, rule: Rule, req: KernelRequest, target: TargetPrese
             log(f"{name}: no gain in {since_gain} trials: stopping early")
             break
         n = min(opts.batch, opts.trials - len(result.trials))
-        points = (pending + strategy.propose(n - len(pending)))[:n] if len(pending) < n else pending[:n]
+        points = pending + strategy.propose(n - len(pending))
         pending = []
         if not points:
             break  # the space is exhausted
-        built = builder.build([BuildJob(rule.name, req, target.name, p) for p in points])
-        is_default = [strategy.space.key(p) == strategy.space.key(default) for p in points]
+        built = builder.build([BuildJob(rule.name, req, target.name, p, prefetch) for p in points])
+        is_default = [i == 0 and space.key(p) == space.key(default) and first for i, p in enumerate(points)]
+        first = False
         trials = runner.run_many(built, is_default) if hasattr(runner, "run_many") else \
             [runner.run(b, d) for b, d in zip(built, is_default)]
         observed = []
-        for p, trial in zip(points, trials):
+        for p, trial, d in zip(points, trials, is_default):
             elapsed = time.perf_counter() - t0
             result.trials.append((p, trial, elapsed))
-            on_trial(p, trial, len(result.trials) - 1, elapsed)
+            on_trial(p, trial, len(result.trials) - 1, elapsed, d)
             ok = trial.status == "ok"
             observed.append((p, trial.seconds if ok else None))
             if ok and (best is None or trial.seconds < best * 0.99):
@@ -175,7 +184,7 @@ def tune_model(
     workload = dataclasses.replace(workload, layers=cfg.n_layers)  # attention steps through every layer's cache
     db = TuningDatabase.open(db_path)
     host = detect_host()
-    n_threads = threads or host.logical_cpus
+    n_threads = getattr(runner, "threads", None) or threads or host.logical_cpus  # RPC: the servers' pools
     set_threads(n_threads)
     if runner is not None:
         runner.workload = workload  # with the model's layer count
@@ -190,15 +199,15 @@ def tune_model(
         run_opts["bandwidth_gbs"] = round(measure_read_bandwidth(n_threads).gb_s_median, 2)
         log(f"measured read bandwidth: {run_opts['bandwidth_gbs']} GB/s with {n_threads} threads")
     vers = versions()
-    with LocalBuilder(options.workers) as builder:
+    with LocalBuilder(options.workers) as builder, _closing(runner):
         for i, info in enumerate(infos):
             rule = rule_by_name(info.rule)
-            done = _earlier(db, preset, cpu[0], n_threads, info, rule) if resume else []
-            default_s = next((t.seconds for p, t in done if p == rule.space(info.req, preset).default and t.status == "ok"), 0.0)
-            state = {"default": default_s}
+            done = _earlier(db, preset, cpu[0], n_threads, info, rule, run_opts) if resume else []
+            state = {"default": 0.0}  # this run's time of the default, which every run measures first
 
-            def record(p: Point, trial: Trial, index: int, elapsed: float, info=info, rule=rule, state=state) -> None:
-                if index == 0 and trial.status == "ok" and not state["default"]:
+            def record(p: Point, trial: Trial, index: int, elapsed: float, is_default: bool, info=info, rule=rule,
+                       state=state) -> None:
+                if is_default and trial.status == "ok":
                     state["default"] = trial.seconds
                 db.append(trial_record(preset, cpu, n_threads, info, rule.name, p, trial, index, elapsed, state["default"],
                                        options.strategy, run_opts, vers))
@@ -206,7 +215,10 @@ def tune_model(
                     log(f"  {info.name}: trial {index} {trial.status}: {p}: {trial.message}")
 
             log(f"[{i + 1}/{len(infos)}] {info.name} ({rule.name}, {len(rule.space(info.req, preset))} points)")
-            res = search_kernel(info.name, rule, info.req, preset, options, builder, runner, record, done, log=log)
+            strategy = make_strategy(options.strategy, rule, info.req, preset, options.seed,
+                                     space=_without_injected_prefetch(rule.space(info.req, preset), copts.prefetch))
+            res = search_kernel(info.name, rule, info.req, preset, options, builder, runner, record, done, log=log,
+                                strategy=strategy, prefetch=copts.prefetch)
             best = res.best()
             if best is None:
                 log(f"  {info.name}: no candidate ran: keeps its defaults")
@@ -228,11 +240,29 @@ def trial_record(preset, cpu: tuple[str, list[str]], threads: int, info, rule: s
     )
 
 
-def _earlier(db: TuningDatabase, preset, cpu: str, threads: int, info, rule) -> list[tuple[Point, Trial]]:
-    """This kernel's trials already in the database for this CPU model, threads and target (for --resume)."""
+@contextlib.contextmanager
+def _closing(runner):
+    try:
+        yield runner
+    finally:
+        if hasattr(runner, "close"):
+            runner.close()
+
+
+def _without_injected_prefetch(space: Space, prefetch: bool) -> Space:
+    """Compiled without prefetch injection, the knobs of the injected prefetches change nothing: not searched."""
+    if prefetch:
+        return space
+    return dataclasses.replace(space, knobs=tuple(k for k in space.knobs if k.name not in ("prefetch_bytes", "prefetch_locality")))
+
+
+def _earlier(db: TuningDatabase, preset, cpu: str, threads: int, info, rule, run_opts: dict) -> list[tuple[Point, Trial]]:
+    """This kernel's trials already in the database for this CPU model, threads, target and workload, from
+    runs with the same compile options (for --resume)."""
     out = []
+    same = lambda r: (r.options.get("workload"), r.options.get("compile")) == (run_opts["workload"], run_opts["compile"])  # noqa: E731
     for r in db.trials():
-        if (r.target, r.cpu, r.threads, r.kernel, r.rule) == (preset.name, cpu, threads, info.name, rule.name):
+        if (r.target, r.cpu, r.threads, r.kernel, r.rule) == (preset.name, cpu, threads, info.name, rule.name) and same(r):
             out.append((dict(r.knobs), Trial(r.status, r.seconds if r.status == "ok" else None, dict(r.stats), r.message)))
     return out
 

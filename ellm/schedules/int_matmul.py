@@ -138,7 +138,8 @@ class _TiledRule(_IntRule):
 
     def canonical(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]) -> dict[str, int]:
         out = without_moot_locality(knobs, target)
-        if out.get("tiles_per_task") == 1:  # one tile per task: adjacent and spread are the same
+        # one tile per task, or one task for all tiles: adjacent and spread are the same
+        if out.get("tiles_per_task") in (1, req.weight_shape[0] // L):
             out["strided_tiles"] = 0
         return out
 
