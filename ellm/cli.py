@@ -236,6 +236,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         artifact=artifact, model=model, ctxs=tuple(int(c) for c in a.ctx.split(",")), gen=a.gen, warmup=a.warmup,
         repeat=a.repeat, rounds=a.rounds, threads=a.threads or (os.cpu_count() or 1), llama=llama, target=a.target,
         attention=attention_option(a), rope_scaling=rope_scaling_option(a),
+        others=tuple(Path(p) for p in split(a.compare or "")),
     )
     report = run_bench(cfg, log=log)
     if a.plot:
@@ -356,6 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--rounds", type=_positive_int, default=2, help="alternating rounds of the systems")
     b.add_argument("--threads", type=_positive_int, default=None)
     b.add_argument("--vs", metavar="llama.cpp", help="also run llama.cpp on the same GGUF (built on demand)")
+    b.add_argument("--compare", metavar="ARTIFACT[,ARTIFACT]",
+                   help="more eLLM artifacts of the same model (a tuned build, say), alternated with the first")
     b.add_argument("--target", help="eLLM: run this target of the artifact (default: the best this CPU runs)")
     b.add_argument("--llama-build", default="native",
                    help="llama.cpp builds, comma-separated: native (GGML_NATIVE), avx512 (AVX-512 VNNI, AMX off), "

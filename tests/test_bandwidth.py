@@ -36,3 +36,18 @@ def test_bench_report_brackets_each_run_and_names_the_host(artifact, model_path)
     ((before, after),) = row["bandwidth_gb_s_around_per_run"]
     assert 0 < min(before, after) <= bw == max(before, after)
     assert abs(row["pct_of_bandwidth"] - 100 * row["decode_tok_s"] * row["bytes_per_token"] / 1e9 / bw) < 1e-6
+
+
+def test_bench_alternates_compared_artifacts_and_reports_their_ratio(artifact, model_path, tmp_path):
+    """`ellm bench --compare`: a second artifact of the same model runs in the same rounds and the report
+    gives its decode ratio against the first."""
+    from ellm.bench.runner import BenchConfig, run_bench
+
+    other = tmp_path / "tuned"
+    other.symlink_to(artifact, target_is_directory=True)
+    report = run_bench(BenchConfig(artifact, model_path, ctxs=(64,), gen=2, warmup=1, repeat=1, rounds=1, threads=2,
+                                   others=(other,)))
+    assert [r["system"] for r in report["rows"]] == ["ellm", "ellm[tuned]"]
+    (q,) = report["artifact_ratios"]
+    rates = {r["system"]: r["decode_tok_s"] for r in report["rows"]}
+    assert q["system"] == "ellm[tuned]" and abs(q["decode_ratio"] - rates["ellm[tuned]"] / rates["ellm"]) < 1e-9

@@ -83,6 +83,18 @@ def test_sample_mutate_crossover_stay_valid():
         assert len(space.encode(m)) == 2 * len(space.knobs)
 
 
+def test_neighbours_are_every_valid_one_knob_move():
+    req = _smollm2("gemv")
+    space = select_rule(req, ZEN4).space(req, ZEN4)
+    p = space.default
+    ns = space.neighbours(p)
+    got = {space.key(n) for n in ns}
+    want = {space.key(q) for q in space.points() if sum(q[n] != p[n] for n in space.names) == 1}
+    assert want <= got and len(got) == len(ns) >= len(space.knobs) and space.key(p) not in got
+    for n in ns:  # one knob moved (a move that makes another knob moot lands on the canonical point)
+        assert space.valid(n) and any(space.key(space.point({**p, k: n[k]})) == space.key(n) for k in space.names)
+
+
 def test_strategy_names_of_the_cli_are_the_strategies():
     assert tuple(STRATEGIES) == STRATEGY_NAMES
 

@@ -2,7 +2,7 @@
 timed as a decode step sees it.
 
 One-token kernels stream their weights from DRAM in a real step (each layer's weights are evicted by the
-other layers'), so their weights rotate through copies totalling twice the last-level cache. Kernels that
+other layers'), so their weights rotate through copies totalling COLD_CACHES times the last-level cache. Kernels that
 read the KV cache step through its layers. Prefill chunks are compute-bound and reuse their weights across
 tokens, so they are timed with one set. Times are medians of three timed passes after an untimed one and
 include the Python call (~1 us).
@@ -20,6 +20,9 @@ from ..kv.attention import AttentionConfig
 from ..kv.plan import KVPlan
 from ..schedules import KernelRequest
 
+# Copies of twice the L3 are not cold on Zen 5's victim L3: a 30 MB head read from two copies ran at 61-66 GB/s,
+# from four or eight at 44-47 GB/s (this VM's DRAM rate), a 576x576 GEMV at 40 vs 30-34 GB/s.
+COLD_CACHES = 4
 WEIGHTS = ("w_", "gu_", "down_")  # packed weight components: what a decode step streams besides the KV cache
 
 
@@ -74,13 +77,13 @@ def weight_bytes(func, args) -> int:
 
 
 def argument_sets(func, args, cold: bool, llc: int, layers: int = 1) -> list[list]:
-    """The argument lists one timing pass cycles through: with `cold`, copies of the weights totalling twice
-    `llc` bytes; for a kernel with a `layer` argument, each set once per KV layer."""
+    """The argument lists one timing pass cycles through: with `cold`, copies of the weights totalling
+    COLD_CACHES times `llc` bytes; for a kernel with a `layer` argument, each set once per KV layer."""
     import tvm
 
     names = param_names(func)
     nbytes = weight_bytes(func, args)
-    copies = max(1, int(2 * llc // nbytes)) if nbytes and cold else 1
+    copies = max(1, -(-COLD_CACHES * llc // nbytes)) if nbytes and cold else 1
     sets = [args]
     if copies > 1:
         sets = [[tvm.runtime.tensor(x.numpy()) if n.startswith(WEIGHTS) else x for n, x in zip(names, args)]

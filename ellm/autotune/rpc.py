@@ -5,9 +5,9 @@ every server of the key at once, one open session per server.
 Each trial uploads the candidate's library, runs it once from the kernel's initial inputs (the same random
 inputs as local runs) and compares what it wrote with the default's outputs on the remote CPU (the
 differential check of runner.py), then times it with TVM's `time_evaluator`. One-token kernels are timed
-cold: the evaluator evicts the caches (`cache_flush_bytes`, twice this host's last-level cache) before each
-single call, where local runs stream copies of the weights instead; chunks are timed hot. A server that dies
-mid-run takes only its in-flight trial with it (recorded as run_error); the others go on.
+cold: the evaluator evicts the caches (`cache_flush_bytes`, COLD_CACHES times this host's last-level cache)
+before each single call, where local runs stream copies of the weights instead; chunks are timed hot. A
+server that dies mid-run takes only its in-flight trial with it (recorded as run_error); the others go on.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import EllmError
 from .builder import Built
-from .measure import Workload, last_level_cache
+from .measure import COLD_CACHES, Workload, last_level_cache
 from .runner import KernelBench, Trial, mismatch
 
 COLD_REPEATS = 30  # single cold calls per timing (each after a cache flush)
@@ -201,7 +201,7 @@ class RPCRunner:
         try:
             cold = bench.cold
             ev = mod.time_evaluator("kernel", sess.dev, number=1 if cold else 3, repeat=COLD_REPEATS if cold else 3,
-                                    cache_flush_bytes=2 * last_level_cache() if cold else 0)
+                                    cache_flush_bytes=COLD_CACHES * last_level_cache() if cold else 0)
             t = list(ev(*args).results)
         except Exception as e:  # noqa: BLE001
             return self._failed(sess, e)

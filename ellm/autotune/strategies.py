@@ -133,20 +133,21 @@ class EvolutionarySearch(Strategy):
 
 
 class ModelSearch(Strategy):
-    """Search guided by a cost model: each batch ranks a pool (random points and mutations of the best) by
-    predicted time and takes the best predictions, with a share of random points to keep exploring. The
-    model is refit on every observation, starting from `prior` records (another kernel's or CPU's)."""
+    """Search guided by a cost model: each batch ranks a pool (every one-knob neighbour of the fastest points
+    so far, and random points) by predicted time and takes the best predictions, with a share of random
+    points to keep exploring. The model is refit on every observation, starting from `prior` records
+    (another kernel's or CPU's)."""
 
     name = "model"
 
     def __init__(self, space: Space, seed: int = 0, model=None, features: Callable[[Point], list[float]] | None = None,
-                 pool: int = 96, explore: float = 0.2):
+                 pool: int = 256, explore: float = 0.2, elite: int = 3):
         from .cost_model import CostModel
 
         super().__init__(space, seed)
         self.model = model or CostModel(seed=seed)
         self.features = features or space.encode
-        self.pool, self.explore = pool, explore
+        self.pool, self.explore, self.elite = pool, explore, elite
         self._cache: dict = {}
 
     def _feat(self, p: Point) -> list[float]:
@@ -161,16 +162,24 @@ class ModelSearch(Strategy):
         if ok:
             self.model.fit([self._feat(p) for p, _ in ok], [math.log(s) for _, s in ok])
 
-    def propose(self, n: int) -> list[Point]:
+    def _pool(self, top: list[Point], n: int) -> list[Point]:
         cands: dict = {}
-        top = self.best(4) if self.model.trained else []
-        for _ in range(self.pool * 4):
-            if len(cands) >= (self.pool if top else n):
+        for t in top:  # local moves around the best: the landscape is rough, its optima are narrow
+            for p in self.space.neighbours(t):
+                if self.fresh(p):
+                    cands.setdefault(self.space.key(p), p)
+        want = max(self.pool, len(cands)) if top else n
+        for _ in range(4 * want):
+            if len(cands) >= want:
                 break
-            p = self.space.mutate(self.rng.choice(top), self.rng) if top and self.rng.random() < 0.5 else self.space.sample(self.rng)
+            p = self.space.sample(self.rng)
             if self.fresh(p):
                 cands.setdefault(self.space.key(p), p)
-        pts = list(cands.values())
+        return list(cands.values())
+
+    def propose(self, n: int) -> list[Point]:
+        top = self.best(self.elite) if self.model.trained else []
+        pts = self._pool(top, n)
         if not top or not pts:  # nothing learnt yet (random points), or nothing new found by sampling
             return self.fill([self.take(p) for p in pts[:n]], n)
         pred = self.model.predict([self._feat(p) for p in pts])

@@ -64,10 +64,17 @@ class BenchConfig:
     target: str | None = None  # eLLM: this target of the artifact (default: the best this CPU runs)
     attention: AttentionConfig = AttentionConfig()
     rope_scaling: tuple[str, float] | None = None  # (kind, factor), for contexts past the trained one
+    others: tuple[Path, ...] = ()  # more eLLM artifacts of the same model (a tuned build, say), alternated too
 
 
-def _worker(system: str, cfg: BenchConfig, ctx: int, llama: LlamaConfig | None = None, llama_path: Path | None = None) -> dict:
-    kind = "llama.cpp" if llama is not None else system
+def artifact_system(path: Path) -> str:
+    """The report's name for a compared eLLM artifact."""
+    return f"ellm[{Path(path).name}]"
+
+
+def _worker(system: str, cfg: BenchConfig, ctx: int, llama: LlamaConfig | None = None, llama_path: Path | None = None,
+            artifact: Path | None = None) -> dict:
+    kind = "llama.cpp" if llama is not None else "ellm" if system.startswith("ellm") else system
     cmd = [sys.executable, "-m", "ellm.bench.worker", kind, "--threads", str(cfg.threads)]
     if kind != "bandwidth":
         cmd += ["--model", str(cfg.model), "--ctx", str(ctx), "--gen", str(cfg.gen), "--warmup", str(cfg.warmup),
@@ -77,7 +84,7 @@ def _worker(system: str, cfg: BenchConfig, ctx: int, llama: LlamaConfig | None =
     if kind == "ellm":
         from ..cli import attention_argv
 
-        cmd += ["--artifact", str(cfg.artifact), *attention_argv(cfg.attention)]
+        cmd += ["--artifact", str(artifact or cfg.artifact), *attention_argv(cfg.attention)]
         if cfg.target:
             cmd += ["--target", cfg.target]
     if llama is not None:
@@ -141,18 +148,25 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> 
     from .llama_cpp import ensure_build, get_build
 
     manifest = Artifact.open(cfg.artifact, target=cfg.target).manifest
+    manifests = {"ellm": manifest} | {artifact_system(p): Artifact.open(p, target=cfg.target).manifest for p in cfg.others}
+    if len(manifests) != 1 + len(cfg.others):
+        raise EllmError("compared artifacts need distinct directory names")
+    for name, m in manifests.items():
+        if m["source"]["sha256"] != manifest["source"]["sha256"]:
+            raise EllmError(f"{name} was compiled from another model than {cfg.artifact}")
     paths = {b: ensure_build(get_build(b), log) for b in sorted({c.build for c in cfg.llama})}
-    systems: list[tuple[str, LlamaConfig | None]] = [("ellm", None)] + [(c.name, c) for c in cfg.llama]
+    artifacts = {"ellm": cfg.artifact} | {artifact_system(p): p for p in cfg.others}
+    systems: list[tuple[str, LlamaConfig | None]] = [(n, None) for n in artifacts] + [(c.name, c) for c in cfg.llama]
     rows = []
     for ctx in cfg.ctxs:
-        nbytes_of = {name: decode_bytes_per_token(manifest, ctx, cfg.gen, cfg.attention) if c is None else
+        nbytes_of = {name: decode_bytes_per_token(manifests[name], ctx, cfg.gen, cfg.attention) if c is None else
                      decode_bytes_per_token(manifest, ctx, cfg.gen, kv_bytes_per_value=2.0 if c.kv_type == "f16" else 34 / 32)
                      for name, c in systems}
         runs: dict[str, list[dict]] = {name: [] for name, _ in systems}
         for r in range(cfg.rounds):
             for name, c in systems:  # alternate A, B, A, B: all see the same drift of a shared machine
                 before = _worker("bandwidth", cfg, ctx)["gb_s"]
-                run = _worker(name, cfg, ctx, c, paths.get(c.build) if c else None)
+                run = _worker(name, cfg, ctx, c, paths.get(c.build) if c else None, artifacts.get(name))
                 after = _worker("bandwidth", cfg, ctx)["gb_s"]
                 run["bandwidth_gb_s_around"] = [before, after]
                 bw = max(before, after)
@@ -178,9 +192,23 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> 
         "attention": cfg.attention.describe(),
         "rope_scaling": list(cfg.rope_scaling) if cfg.rope_scaling else None,
         "llama_cpp": [c.name for c in cfg.llama],
+        "compared_artifacts": {artifact_system(p): str(p) for p in cfg.others},
         "rows": rows,
         "ratios": ratios(rows, cfg.ctxs, cfg.llama),
+        "artifact_ratios": artifact_ratios(rows, cfg.ctxs, [artifact_system(p) for p in cfg.others]),
     }
+
+
+def artifact_ratios(rows: list[dict], ctxs, names: list[str]) -> list[dict]:
+    """Each compared artifact against the main one, per context."""
+    out = []
+    for ctx in ctxs:
+        e = next(r for r in rows if r["ctx"] == ctx and r["system"] == "ellm")
+        for name in names:
+            o = next(r for r in rows if r["ctx"] == ctx and r["system"] == name)
+            out.append({"ctx": ctx, "system": name, "decode_ratio": o["decode_tok_s"] / e["decode_tok_s"],
+                        "prefill_ratio": o["prefill_tok_s"] / e["prefill_tok_s"]})
+    return out
 
 
 def ratios(rows: list[dict], ctxs, llama: tuple[LlamaConfig, ...]) -> list[dict]:
@@ -214,6 +242,9 @@ def format_table(report: dict) -> str:
             + f" {r['bytes_per_token'] / 1e6:>9.1f} {r['achieved_gb_s']:>6.1f} {r['pct_of_bandwidth']:>7.1f}% "
             f"{r['bandwidth_gb_s']:>8.1f}"
         )
+    for q in report.get("artifact_ratios", []):
+        lines.append(f"ctx {q['ctx']}: {q['system']} / ellm = {q['decode_ratio']:.3f}x decode, "
+                     f"{q['prefill_ratio']:.3f}x prefill")
     for q in report["ratios"]:
         lines.append(f"ctx {q['ctx']}: eLLM ({q['ellm_isa']}) / llama.cpp {q['build']} ({q['isa']}) = "
                      f"{q['decode_ratio']:.2f}x decode (vs {q['decode_vs']}), {q['prefill_ratio']:.2f}x prefill "

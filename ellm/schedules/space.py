@@ -104,6 +104,18 @@ class Space:
                 return p
         return self.sample(rng)
 
+    def neighbours(self, point: Mapping[str, int]) -> list[Point]:
+        """Every distinct valid point that differs from `point` in one knob."""
+        out, seen = [], {self.key(point)}
+        for k in self.knobs:
+            for c in k.choices:
+                p = self.point({**point, k.name: c})
+                key = self.key(p)
+                if key not in seen and self.valid(p):
+                    seen.add(key)
+                    out.append(p)
+        return out
+
     def crossover(self, a: Mapping[str, int], b: Mapping[str, int], rng: random.Random, tries: int = 16) -> Point:
         """Each searched knob from a or b at random (a valid point; else a)."""
         for _ in range(tries):
