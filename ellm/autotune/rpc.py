@@ -24,7 +24,7 @@ import numpy as np
 from ..errors import EllmError
 from .builder import Built
 from .measure import COLD_CACHES, Workload, last_level_cache
-from .runner import KernelBench, Trial, mismatch
+from .runner import KernelBench, Trial, kernel_key, mismatch
 
 COLD_REPEATS = 30  # single cold calls per timing (each after a cache flush)
 
@@ -39,6 +39,20 @@ def parse_tracker(text: str) -> tuple[str, int]:
 class _Session:
     def __init__(self, remote, where: str):
         self.remote, self.where, self.dev = remote, where, remote.cpu()
+        self._scratch: tuple[str, list] | None = None  # (kernel, its arguments on the server)
+
+    def arguments(self, kernel: str, initial: list) -> list:
+        """The kernel's initial inputs in one set of server tensors, refilled for each candidate (a module
+        loaded on the server keeps its first call's arguments alive: fresh ones would pile up there)."""
+        import tvm
+
+        if self._scratch is None or self._scratch[0] != kernel:
+            self._scratch = (kernel, [tvm.runtime.tensor(a, self.dev) if isinstance(a, np.ndarray) else a for a in initial])
+        else:
+            for t, a in zip(self._scratch[1], initial):
+                if isinstance(a, np.ndarray):
+                    t.copyfrom(a)
+        return self._scratch[1]
 
     def cpu(self) -> tuple[str, list[str]]:
         """The server's CPU as LLVM names its core, and that core's compute features (LLVM's definition of it:
@@ -149,7 +163,7 @@ class RPCRunner:
     # --- trials -------------------------------------------------------------------------
     def _bench(self, built: Built) -> KernelBench:
         j = built.job
-        key = j.req.key() + j.rule + j.target
+        key = kernel_key(j)
         with self._lock:
             if key not in self._benches:
                 self._benches = {key: KernelBench(j.rule, j.req, j.target, self.workload)}
@@ -182,7 +196,7 @@ class RPCRunner:
         try:
             sess.remote.upload(built.path)
             mod = sess.remote.load_module(os.path.basename(built.path))
-            args = [tvm.runtime.tensor(a, sess.dev) if isinstance(a, np.ndarray) else a for a in bench.initial]
+            args = sess.arguments(kernel_key(built.job), bench.initial)
             mod["kernel"](*args)
             outs = [t.numpy() for t in args if isinstance(t, tvm.runtime.Tensor)]
         except Exception as e:  # noqa: BLE001 - a lost server or a crash of the candidate

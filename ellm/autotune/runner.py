@@ -62,6 +62,11 @@ def call_bytes(func, args, wl: Workload) -> int:
     return state // max(1, wl.layers)
 
 
+def kernel_key(job) -> str:
+    """What a KernelBench (inputs, reference outputs, timing sets) is made for: the job's kernel on its target."""
+    return job.req.key() + job.rule + job.target
+
+
 class KernelBench:
     """One kernel's inputs, its default's outputs and the timing sets, made once for all its candidates."""
 
@@ -114,7 +119,7 @@ class LocalRunner:
 
     def bench(self, built: Built) -> KernelBench:
         j = built.job
-        key = j.req.key() + j.rule + j.target
+        key = kernel_key(j)
         if key not in self._benches:
             self._benches = {key: KernelBench(j.rule, j.req, j.target, self.workload)}  # one kernel at a time
         return self._benches[key]
@@ -143,4 +148,4 @@ class LocalRunner:
         return Trial("ok", stats["median"], stats)
 
 
-__all__ = ["KernelBench", "LocalRunner", "Trial", "mismatch"]
+__all__ = ["KernelBench", "LocalRunner", "Trial", "kernel_key", "mismatch"]
