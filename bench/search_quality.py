@@ -17,7 +17,6 @@ sweep's best. Replays make many seeds cheap; the times they read are real measur
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import random
 import statistics
@@ -27,13 +26,17 @@ from pathlib import Path
 
 from ellm.autotune import STRATEGIES, LocalBuilder, LocalRunner, TuneOptions, TuningDatabase
 from ellm.autotune.measure import Workload
+from ellm.autotune.replay import Landscape, best_so_far, restricted
 from ellm.autotune.tuner import make_strategy, search_kernel, trial_record, tunable_kernels
 from ellm.compiler.build import CompileOptions
 from ellm.fsutil import atomic_write_text
 from ellm.runtime.threads import set_threads
 from ellm.schedules import rule_by_name
-from ellm.schedules.space import Constraint, Space
+from ellm.schedules.space import Space
 from ellm.targets import detect_host, resolve_target
+
+
+CHECKPOINTS = (1, 8, 16, 32, 48, 64)  # trials at which the JSON gives the median fraction of the best
 
 
 def sweep_points(space: Space, n: int, seed: int) -> list[dict]:
@@ -43,11 +46,6 @@ def sweep_points(space: Space, n: int, seed: int) -> list[dict]:
     rng = random.Random(seed)
     rest = [p for p in pts if space.key(p) != space.key(space.default)]
     return [space.default] + rng.sample(rest, n - 1)
-
-
-def restricted(space: Space, keys: set, doc: str) -> Space:
-    """`space` limited to the points whose keys are in `keys`."""
-    return dataclasses.replace(space, constraints=space.constraints + (Constraint(doc, lambda p: Space.key(p) in keys),))
 
 
 def measure_landscape(info, preset, points, builder, runner, db, host, threads, log) -> dict:
@@ -90,27 +88,16 @@ def retime_top(info, preset, points, table: dict, builder, runner, top: int, rou
         f"(sweep minimum {best[0][0] * 1e6:.1f} us)")
 
 
-def replay(info, preset, table: dict, strategy: str, trials: int, seed: int) -> list[float]:
-    """Best-so-far seconds after each trial of `strategy` on the measured landscape (the default first)."""
+def replay(info, preset, table: dict, strategy: str, trials: int, seed: int, patience: int | None,
+           feature_cache: dict) -> list[float]:
+    """Best-so-far seconds after each trial of `strategy` on the measured landscape, searched as `ellm tune`
+    searches (the default first, batches of 8)."""
     rule = rule_by_name(info.rule)
-    space = restricted(rule.space(info.req, preset), set(table), "measured in the sweep")
-    s = make_strategy(strategy, rule, info.req, preset, seed, space=space)
-    best, curve = None, []
-    pending = [space.default]
-    while len(curve) < trials:
-        pts = pending or s.propose(min(8, trials - len(curve)))
-        pending = []
-        if not pts:
-            break
-        obs = []
-        for p in pts:
-            t = table.get(space.key(p))
-            obs.append((p, t))
-            if t is not None and (best is None or t < best):
-                best = t
-            curve.append(best)
-        s.observe(obs)
-    return curve
+    land = Landscape(rule.space(info.req, preset), table)
+    s = make_strategy(strategy, rule, info.req, preset, seed, space=land.space, feature_cache=feature_cache)
+    opts = TuneOptions(strategy, trials=trials, patience=patience, seed=seed)
+    curve = best_so_far(search_kernel(info.name, rule, info.req, preset, opts, land, land, strategy=s))
+    return curve + curve[-1:] * (trials - len(curve))  # stopped early: the best stays
 
 
 def main(argv=None) -> int:
@@ -128,6 +115,7 @@ def main(argv=None) -> int:
     ap.add_argument("--landscapes", default=None, help="write every kernel's measured landscape here")
     ap.add_argument("--replay", default=None, help="replay the strategies on these landscapes (nothing is measured)")
     ap.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated strategies to replay")
+    ap.add_argument("--patience", type=int, default=None, help="replays stop after this many trials without a 1%% gain")
     ap.add_argument("--retime", type=int, default=16, help="fastest points of a sweep re-timed")
     a = ap.parse_args(argv)
 
@@ -174,12 +162,16 @@ def main(argv=None) -> int:
             best, default = min(ok), table.get(space.key(space.default))
             k = {"kernel": info.name, "rule": rule.name, "space": len(space), "swept": swept, "sweep_s": sweep_s,
                  "best_s": best, "default_s": default, "strategies": {}}
+            feature_cache: dict = {}
             for name in a.strategies.split(","):
-                curves = [replay(info, preset, table, name, a.trials, seed) for seed in range(a.seeds)]
+                curves = [replay(info, preset, table, name, a.trials, seed, a.patience, feature_cache) for seed in range(a.seeds)]
                 final = [best / c[-1] for c in curves if c and c[-1]]
+                fractions = [[best / x if x else 0.0 for x in c] for c in curves]
                 k["strategies"][name] = {
                     "median_fraction_of_best": statistics.median(final) if final else 0.0,
-                    "curves": [[best / x if x else 0.0 for x in c] for c in curves],
+                    "median_at_trials": {n: statistics.median(f[n - 1] for f in fractions)
+                                         for n in CHECKPOINTS if n <= a.trials},
+                    "curves": fractions,
                 }
                 log(f"  {name:12s} {statistics.median(final) if final else 0:.3f} of the sweep's best after {a.trials} trials")
             out["kernels"].append(k)

@@ -81,3 +81,14 @@ def build_request(req, knobs=None, preset=None):
     preset = preset or PRESET
     rule = select_rule(req, preset)
     return rule, rule.build_kernel(req, preset, rule.resolve_knobs(req, preset, knobs))
+
+
+def candidates(rule, req, target, budget: int, seed: int = 0) -> list[dict]:
+    """The default, then distinct random points of the rule's speed-search space: `budget` in all."""
+    from ellm.autotune import STRATEGIES
+
+    space = rule.space(req, target)
+    s = STRATEGIES["random"](space, seed)
+    s.observe([(space.default, None)])
+    return [space.default] + s.propose(budget - 1)
+

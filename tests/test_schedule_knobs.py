@@ -138,7 +138,7 @@ def test_unknown_knob_is_rejected():
 def test_attention_input_passes_split_heads_into_half_tiles():
     """A pass accumulates a run of whole half tiles (8 rows); passes that split a head otherwise are refused
     (the tuner leaves them out), and 256-bit targets default to one row tile per pass."""
-    from ellm.autotune.tuner import candidates
+    from kernels import candidates
     from ellm.schedules.attention_input import passes_fit
 
     assert passes_fit(64, 8) and passes_fit(128, 8) and passes_fit(80, 2) and passes_fit(96, 4)

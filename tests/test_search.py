@@ -267,3 +267,27 @@ def test_tune_options_are_validated():
         TuneOptions("annealing")
     with pytest.raises(EllmError):
         TuneOptions(trials=0)
+
+
+def test_a_landscape_replays_a_search_on_measured_times():
+    """Landscape answers search_kernel with the swept times: grid over the swept points finds their minimum,
+    a point that failed in the sweep fails again, and best-so-far never rises."""
+    from ellm.autotune import Landscape, best_so_far
+
+    req = _smollm2("gemv")
+    rule = select_rule(req, ZEN4)
+    space = rule.space(req, ZEN4)
+    seconds = _landscape(space, 3)
+    swept = [space.default] + random.Random(0).sample([p for p in space.points() if p != space.default], 99)
+    table = {space.key(p): seconds(p) for p in swept}
+    failed = space.key(swept[5])
+    table[failed] = None
+    land = Landscape(space, table)
+    assert len(land.space) == 100
+    res = search_kernel("k", rule, req, ZEN4, TuneOptions("grid", trials=200, patience=None), land, land,
+                        strategy=STRATEGIES["grid"](land.space))
+    assert len(res.trials) == 100 and res.trials[0][0] == space.default
+    assert {space.key(p): t.status for p, t, _ in res.trials}[failed] == "run_error"
+    curve = best_so_far(res)
+    assert all(a >= b for a, b in zip(curve, curve[1:]))
+    assert curve[-1] == min(t for t in table.values() if t is not None)

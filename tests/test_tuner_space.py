@@ -13,13 +13,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from kernels import PRESET
+from kernels import PRESET, candidates
 from synthetic import write_model
 from test_schedule_knobs import REQUESTS
 
 import tvm
 from ellm.autotune import TuningDatabase
-from ellm.autotune.tuner import TuneOptions, Workload, candidates, search_knobs, tune_model
+from ellm.autotune.tuner import TuneOptions, Workload, tune_model
 from ellm.compiler.build import CompileOptions
 from ellm.schedules import RULES, rule_by_name, select_rule
 
@@ -40,7 +40,7 @@ def test_one_token_candidates_are_distinct_kernels(name):
     req, preset = _decode(name)
     rule = select_rule(req, preset)
     assert rule.name == name
-    assert "tokens_per_tile" not in {k.name for k in search_knobs(rule, req, preset)}
+    assert "tokens_per_tile" not in {k.name for k in rule.space(req, preset).knobs}
     points = candidates(rule, req, preset, budget=6)
     assert len(points) == 6
     codes = [_asm(rule, req, preset, p) for p in points]

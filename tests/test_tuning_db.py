@@ -143,3 +143,11 @@ def test_a_record_with_knobs_the_rule_no_longer_takes_is_stale(tmp_path):
     look = db.lookup_for("znver4", "cpu A", 2)
     assert look(REQ, "gemv") is None and look.stale == {REQ.key()}
     assert "knobs this version does not take" in look.summary()
+
+
+def test_a_stale_record_of_this_cpu_falls_back_to_the_preset(tmp_path):
+    db = TuningDatabase(tmp_path / "db.jsonl")
+    db.add(TuningRecord("znver4", "cpu A", REQ.key(), "gemv", {"tile_q": 3}, 1e-5, 2, default_seconds=4e-5))
+    db.add(_rec("cpu B", 2, 32, 2e-5))
+    look = db.lookup_for("znver4", "cpu A", 2)
+    assert look(REQ, "gemv") == {"rows_per_task": 32} and look.hits == {REQ.key(): "target"} and not look.stale

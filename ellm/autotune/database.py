@@ -88,22 +88,29 @@ class TuningLookup:
 
     def __call__(self, req: KernelRequest, rule: str) -> Mapping[str, int] | None:
         kernel = req.key()
-        exact = self.db.best(self.target, kernel, rule, self.cpu, self.threads)
-        rec, level = (exact, "cpu") if exact else (self.db.best(self.target, kernel, rule), "target")
-        if rec is not None and not rec.beats_default():  # measured here: the default is the fastest
+        found_slower = found_stale = False
+        for rec in self.db.ranked(self.target, kernel, rule, self.cpu, self.threads):
+            exact = (rec.cpu, rec.threads) == (self.cpu, self.threads)
+            if exact and not rec.beats_default():  # measured here: the default is the fastest
+                self.slower.add(kernel)
+                return None
+            if not rec.beats_default():
+                found_slower = True
+                continue
+            try:  # knobs of an older version of the rule, or for a shape they do not fit: try the next record
+                rule_by_name(rule).resolve_knobs(req, get_preset(self.target), rec.knobs)
+            except ValueError:
+                found_stale = True
+                continue
+            self.hits[kernel] = "cpu" if exact else "target"
+            return dict(rec.knobs)
+        if found_slower:
             self.slower.add(kernel)
-            return None
-        if rec is None:
-            if rule_by_name(rule).knobs:
-                self.misses.add(kernel)
-            return None
-        try:  # knobs of an older version of the rule, or for a shape they do not fit
-            rule_by_name(rule).resolve_knobs(req, get_preset(self.target), rec.knobs)
-        except ValueError:
+        elif found_stale:
             self.stale.add(kernel)
-            return None
-        self.hits[kernel] = level
-        return dict(rec.knobs)
+        elif rule_by_name(rule).knobs:
+            self.misses.add(kernel)
+        return None
 
     def summary(self) -> str:
         same = sum(1 for v in self.hits.values() if v == "cpu")
@@ -210,6 +217,13 @@ class TuningDatabase:
             return self._best.get((target, cpu, threads, kernel, rule))
         found = [r for k, r in self._best.items() if (k[0], k[3], k[4]) == (target, kernel, rule)]
         return max(found, key=TuningRecord.gain, default=None)
+
+    def ranked(self, target: str, kernel: str, rule: str, cpu: str, threads: int) -> list[TuningRecord]:
+        """A kernel's records in the order a lookup tries them: the one measured on `cpu` with `threads`, then
+        the best of every other CPU and thread count of the preset, largest gain over its default first."""
+        exact = self._best.get((target, cpu, threads, kernel, rule))
+        others = [r for k, r in self._best.items() if (k[0], k[3], k[4]) == (target, kernel, rule) and r is not exact]
+        return ([exact] if exact else []) + sorted(others, key=TuningRecord.gain, reverse=True)
 
     def merge(self, other: "TuningDatabase") -> None:
         """Add another database's trials (a fleet's records combine); identical records are kept once."""

@@ -141,14 +141,14 @@ class ModelSearch(Strategy):
     name = "model"
 
     def __init__(self, space: Space, seed: int = 0, model=None, features: Callable[[Point], list[float]] | None = None,
-                 pool: int = 256, explore: float = 0.2, elite: int = 3):
+                 pool: int = 256, explore: float = 0.2, elite: int = 3, cache: dict | None = None):
         from .cost_model import CostModel
 
         super().__init__(space, seed)
         self.model = model or CostModel(seed=seed)
         self.features = features or space.encode
         self.pool, self.explore, self.elite = pool, explore, elite
-        self._cache: dict = {}
+        self._cache: dict = {} if cache is None else cache  # point key -> features (shared by replays of one kernel)
 
     def _feat(self, p: Point) -> list[float]:
         k = self.space.key(p)

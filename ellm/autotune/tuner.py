@@ -53,15 +53,11 @@ class TuneOptions:
             raise EllmError("the time budget must be positive")
 
 
-def search_knobs(rule: Rule, req: KernelRequest, target: TargetPreset) -> tuple:
-    """The knobs searched on speed: those that change this request's kernel and not its results."""
-    return rule.space(req, target).knobs
-
-
 def make_strategy(name: str, rule: Rule, req: KernelRequest, target: TargetPreset, seed: int = 0, prior=(),
-                  space: Space | None = None) -> Strategy:
+                  space: Space | None = None, feature_cache: dict | None = None) -> Strategy:
     """Strategy `name` over the request's speed-search space (or `space`, a part of it); the model strategy
-    describes points by their knobs and the features of the TIR they build."""
+    describes points by their knobs and the features of the TIR they build (kept in `feature_cache`, if
+    given, so that searches of one kernel lower each point once)."""
     space = space or rule.space(req, target)
     if name != "model":
         return STRATEGIES[name](space, seed)
@@ -71,15 +67,7 @@ def make_strategy(name: str, rule: Rule, req: KernelRequest, target: TargetPrese
     def features(p: Point) -> list[float]:
         return space.encode(p) + tir_features(rule.build(req, target, p))
 
-    return ModelSearch(space, seed, CostModel(seed=seed, prior=prior), features)
-
-
-def candidates(rule: Rule, req: KernelRequest, target: TargetPreset, budget: int, seed: int = 0) -> list[Point]:
-    """The default, then distinct random points of the speed-search space: `budget` in all."""
-    space = rule.space(req, target)
-    s = STRATEGIES["random"](space, seed)
-    s.observe([(space.default, None)])
-    return [space.default] + s.propose(budget - 1)
+    return ModelSearch(space, seed, CostModel(seed=seed, prior=prior), features, cache=feature_cache)
 
 
 @dataclass
@@ -267,4 +255,4 @@ def _earlier(db: TuningDatabase, preset, cpu: str, threads: int, info, rule, run
     return out
 
 
-__all__ = ["KernelSearch", "TuneOptions", "Workload", "candidates", "search_kernel", "search_knobs", "tune_model"]
+__all__ = ["KernelSearch", "TuneOptions", "Workload", "search_kernel", "tune_model"]

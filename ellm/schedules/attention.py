@@ -174,7 +174,7 @@ def _decode(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: in
                 thr = I.alloc_buffer((1,), "float32")
                 I.buffer_store(thr, thrs[kvh], [0])
                 widen(kv, qy, layer, kslot, vslot, kvh, sh, bounds, kvh * NBp, thr, lasts[kvh], states, sel, kvh * kv.nb,
-                      tirx.Cast("int64", n_list[kvh]), prefetch > 0)
+                      tirx.Cast("int64", n_list[kvh]), prefetch > 0, locality)
         finish(out, 0, kvh, G, hd, states)
 
 

@@ -49,13 +49,14 @@ def select_blocks(kv, qy, G, kvh, kslot, sh: ReadShape, bounds, bbase, sel, sbas
 
 
 def widen(kv, qy: Query, layer, kslot, vslot, kvh, sh: ReadShape, bounds, bbase, thr, last_sel, states, sel, sbase,
-          count, prefetch: bool = False) -> None:
+          count, prefetch: bool = False, locality: int = 2) -> None:
     """Dynamic widening for the G query heads of KV head kvh (they share blocks, as the selection does):
     while the best unread block's bound (the largest over the G heads) is within `margin` of the lowest of
     the heads' best scores read so far, read it too for all G heads (at most `widen` blocks), in decreasing
     bound order. The unread blocks that can be reached are the `widen` next ones by bound: found once (a
     second bisection), listed after the selection in sel[sbase + count :] and sorted by decreasing bound
-    (ties in block order), so each step takes the next (and with `prefetch`, prefetches the one after it)."""
+    (ties in block order), so each step takes the next (and with `prefetch`, prefetches the one after it, with
+    LLVM locality `locality`, as the read list's prefetches)."""
     thr2 = I.alloc_buffer((1,), "float32")
     nw = I.alloc_buffer((1,), "int64")
     I.buffer_store(nw, tirx.IntImm("int64", 0), [0])
@@ -79,7 +80,7 @@ def widen(kv, qy: Query, layer, kslot, vslot, kvh, sh: ReadShape, bounds, bbase,
             if prefetch:
                 with I.If(nw[0] > 0):
                     with I.Then():
-                        kv.prefetch_block(kslot, vslot, kvh, sh.sb + tirx.Cast("int64", sel[at]))
+                        kv.prefetch_block(kslot, vslot, kvh, sh.sb + tirx.Cast("int64", sel[at]), locality)
     go = I.alloc_buffer((1,), "int32")
     I.buffer_store(go, tirx.const(1, "int32"), [0])
     with I.serial(0, tirx.min(sh.widen, nw[0])) as j:
@@ -94,7 +95,7 @@ def widen(kv, qy: Query, layer, kslot, vslot, kvh, sh: ReadShape, bounds, bbase,
                         if prefetch:
                             with I.If(j + 1 < nw[0]):
                                 with I.Then():
-                                    kv.prefetch_block(kslot, vslot, kvh, sh.sb + tirx.Cast("int64", sel[at + j + 1]))
+                                    kv.prefetch_block(kslot, vslot, kvh, sh.sb + tirx.Cast("int64", sel[at + j + 1]), locality)
                         attend_block(kv, qy, layer, kslot, vslot, kvh, sh.sb + i, sh.n_ctx, False, states)
                     with I.Else():
                         I.buffer_store(go, tirx.const(0, "int32"), [0])
