@@ -78,7 +78,9 @@ def weight_bytes(func, args) -> int:
 
 def argument_sets(func, args, cold: bool, llc: int, layers: int = 1) -> list[list]:
     """The argument lists one timing pass cycles through: with `cold`, copies of the weights totalling
-    COLD_CACHES times `llc` bytes; for a kernel with a `layer` argument, each set once per KV layer."""
+    COLD_CACHES times `llc` bytes; for a kernel with a `layer` argument, the copies paired with the KV
+    layers in turn (at least one set per layer): each call has cold weights and steps to the next layer,
+    as in a decode step, in max(copies, layers) calls rather than their product."""
     import tvm
 
     names = param_names(func)
@@ -90,7 +92,7 @@ def argument_sets(func, args, cold: bool, llc: int, layers: int = 1) -> list[lis
                 for _ in range(copies)]
     if "layer" in names:
         li = names.index("layer")
-        sets = [s[:li] + [i % layers] + s[li + 1:] for i, s in enumerate(sets * layers)]
+        sets = [sets[i % len(sets)][:li] + [i % layers] + sets[i % len(sets)][li + 1:] for i in range(max(len(sets), layers))]
     return sets
 
 
