@@ -7,7 +7,7 @@ import numpy as np
 from kernels import PRESET, matmul_request, select_rule
 from test_schedule_knobs import REQUESTS
 
-from ellm.autotune.measure import COLD_CACHES, WEIGHTS, Workload, argument_sets, inputs, param_names, weight_bytes
+from ellm.autotune.measure import COLD_CACHES, WEIGHTS, Workload, argument_sets, inputs, param_names, streamed, weight_bytes
 from ellm.quant import QuantType
 
 
@@ -39,6 +39,16 @@ def test_kernels_that_read_the_cache_step_through_its_layers():
     li = param_names(func).index("layer")
     sets = argument_sets(func, args, cold=True, llc=1 << 20, layers=2)
     assert sorted({s[li] for s in sets}) == [0, 1]
+    # one-token attention reads its cache cold: copies of the whole cache, each read layer by layer, so no
+    # (copy, layer) slice is read twice in a pass
+    rot = streamed(func, args)
+    names = param_names(func)
+    assert rot and not {names[i] for i in rot} & {"q", "out", "attn"}
+    state = sum(args[i].numpy().nbytes for i in rot)
+    copies = -(-COLD_CACHES * (1 << 20) // state)
+    assert copies > 1 and len(sets) == copies * 2
+    assert len({(id(s[rot[0]]), s[li]) for s in sets}) == len(sets)
+    assert len(argument_sets(func, args, cold=False, llc=1 << 20, layers=2)) == 2
 
 
 def test_cold_weights_and_kv_layers_pair_up_rather_than_multiply():

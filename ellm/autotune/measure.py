@@ -3,7 +3,9 @@ timed as a decode step sees it.
 
 One-token kernels stream their weights from DRAM in a real step (each layer's weights are evicted by the
 other layers'), so their weights rotate through copies totalling COLD_CACHES times the last-level cache. Kernels that
-read the KV cache step through its layers. Prefill chunks are compute-bound and reuse their weights across
+read the KV cache step through its layers; one-token attention reads it cold too, from copies of the whole cache
+(from one copy, attention at 8K tokens could keep its cache in a 480 MB L3: the tuner measured prefetch off
+1.46x faster alone, and the model decoded 5% slower with it). Prefill chunks are compute-bound and reuse their weights across
 tokens, so they are timed with one set. Times are medians of three timed passes after an untimed one and
 include the Python call (~1 us).
 """
@@ -24,6 +26,7 @@ from ..schedules import KernelRequest
 # from four or eight at 44-47 GB/s (this VM's DRAM rate), a 576x576 GEMV at 40 vs 30-34 GB/s.
 COLD_CACHES = 4
 WEIGHTS = ("w_", "gu_", "down_")  # packed weight components: what a decode step streams besides the KV cache
+NOT_KV_STATE = ("q", "out", "attn")  # the buffers of an attention kernel that are not the cache
 
 
 @dataclass(frozen=True)
@@ -76,23 +79,41 @@ def weight_bytes(func, args) -> int:
                for n, x in zip(param_names(func), args) if n.startswith(WEIGHTS))
 
 
-def argument_sets(func, args, cold: bool, llc: int, layers: int = 1) -> list[list]:
-    """The argument lists one timing pass cycles through: with `cold`, copies of the weights totalling
-    COLD_CACHES times `llc` bytes; for a kernel with a `layer` argument, the copies paired with the KV
-    layers in turn (at least one set per layer): each call has cold weights and steps to the next layer,
-    as in a decode step, in max(copies, layers) calls rather than their product."""
+def streamed(func, args) -> list[int]:
+    """Indices of the buffers a decode step streams from DRAM: the packed weights; for a kernel without any
+    that reads the KV cache (a `layer` argument), the cache's buffers (all but the query, the output and
+    the settings): between two steps every other layer's weights and KV pass through the caches."""
     import tvm
 
     names = param_names(func)
-    nbytes = weight_bytes(func, args)
+    w = [i for i, n in enumerate(names) if n.startswith(WEIGHTS)]
+    if w or "layer" not in names:
+        return w
+    return [i for i, (n, a) in enumerate(zip(names, args)) if isinstance(a, tvm.runtime.Tensor) and n not in NOT_KV_STATE]
+
+
+def argument_sets(func, args, cold: bool, llc: int, layers: int = 1) -> list[list]:
+    """The argument lists one timing pass cycles through. With `cold`, the streamed buffers are copied until
+    the copies total COLD_CACHES times `llc` bytes. A kernel with a `layer` argument steps through the KV
+    layers: with weights (each call reads all of a copy's), the copies are paired with the layers in turn,
+    max(copies, layers) calls a pass; reading only the KV cache (a call reads one layer of a copy), every
+    copy goes through every layer, copies x layers calls, so no byte is read twice within a pass."""
+    import tvm
+
+    names = param_names(func)
+    rot = streamed(func, args)
+    nbytes = sum(int(np.prod(args[i].shape)) * np.dtype(str(args[i].dtype)).itemsize for i in rot)
     copies = max(1, -(-COLD_CACHES * llc // nbytes)) if nbytes and cold else 1
     sets = [args]
     if copies > 1:
-        sets = [[tvm.runtime.tensor(x.numpy()) if n.startswith(WEIGHTS) else x for n, x in zip(names, args)]
-                for _ in range(copies)]
+        sets = [[tvm.runtime.tensor(x.numpy()) if i in rot else x for i, x in enumerate(args)] for _ in range(copies)]
     if "layer" in names:
         li = names.index("layer")
-        sets = [sets[i % len(sets)][:li] + [i % layers] + sets[i % len(sets)][li + 1:] for i in range(max(len(sets), layers))]
+        if weight_bytes(func, args):
+            order = [(i % len(sets), i % layers) for i in range(max(len(sets), layers))]
+        else:  # a decode step per copy: its layers in order
+            order = [(c, l) for c in range(len(sets)) for l in range(layers)]
+        sets = [sets[c][:li] + [l] + sets[c][li + 1:] for c, l in order]
     return sets
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from ..schedules import KernelRequest, rule_by_name
 from ..targets import get_preset
 from .builder import Built
-from .measure import Workload, argument_sets, calls_for, inputs, last_level_cache, param_names, time_passes, weight_bytes
+from .measure import Workload, argument_sets, calls_for, inputs, last_level_cache, param_names, streamed, time_passes, weight_bytes
 
 RTOL = 2e-3  # of the largest magnitude of a float output: split-K merges and tiling reorder float sums
 
@@ -51,14 +51,10 @@ def mismatch(got: list[np.ndarray], want: list[np.ndarray]) -> str:
 def call_bytes(func, args, wl: Workload) -> int:
     """Bytes one call streams: its packed weights; for attention (a `layer` argument), one layer's share of
     the KV state it is given (the whole cache at the workload's context)."""
-    import tvm
-
-    names = param_names(func)
     w = weight_bytes(func, args)
-    if w or "layer" not in names:
+    if w or "layer" not in param_names(func):
         return w
-    state = sum(int(np.prod(a.shape)) * np.dtype(str(a.dtype)).itemsize for n, a in zip(names, args)
-                if isinstance(a, tvm.runtime.Tensor) and n not in ("q", "out", "attn"))
+    state = sum(int(np.prod(args[i].shape)) * np.dtype(str(args[i].dtype)).itemsize for i in streamed(func, args))
     return state // max(1, wl.layers)
 
 
