@@ -75,8 +75,12 @@ def param_names(func) -> list[str]:
 
 def weight_bytes(func, args) -> int:
     """Bytes of the packed weight arguments (from shapes and dtypes: no copy of the data)."""
-    return sum(int(np.prod(x.shape)) * np.dtype(str(x.dtype)).itemsize
-               for n, x in zip(param_names(func), args) if n.startswith(WEIGHTS))
+    return sum(tensor_bytes(x) for n, x in zip(param_names(func), args) if n.startswith(WEIGHTS))
+
+
+def tensor_bytes(x) -> int:
+    """Bytes of a TVM tensor, from its shape and dtype."""
+    return int(np.prod(x.shape)) * np.dtype(str(x.dtype)).itemsize
 
 
 def streamed(func, args) -> list[int]:
@@ -102,14 +106,14 @@ def argument_sets(func, args, cold: bool, llc: int, layers: int = 1) -> list[lis
 
     names = param_names(func)
     rot = streamed(func, args)
-    nbytes = sum(int(np.prod(args[i].shape)) * np.dtype(str(args[i].dtype)).itemsize for i in rot)
+    nbytes = sum(tensor_bytes(args[i]) for i in rot)
     copies = max(1, -(-COLD_CACHES * llc // nbytes)) if nbytes and cold else 1
     sets = [args]
     if copies > 1:
         sets = [[tvm.runtime.tensor(x.numpy()) if i in rot else x for i, x in enumerate(args)] for _ in range(copies)]
     if "layer" in names:
         li = names.index("layer")
-        if weight_bytes(func, args):
+        if any(names[i].startswith(WEIGHTS) for i in rot):
             order = [(i % len(sets), i % layers) for i in range(max(len(sets), layers))]
         else:  # a decode step per copy: its layers in order
             order = [(c, l) for c in range(len(sets)) for l in range(layers)]

@@ -17,7 +17,7 @@ import numpy as np
 from ..schedules import KernelRequest, rule_by_name
 from ..targets import get_preset
 from .builder import Built
-from .measure import Workload, argument_sets, calls_for, inputs, last_level_cache, param_names, streamed, time_passes, weight_bytes
+from .measure import Workload, argument_sets, calls_for, inputs, last_level_cache, param_names, streamed, tensor_bytes, time_passes, weight_bytes
 
 RTOL = 2e-3  # of the largest magnitude of a float output: split-K merges and tiling reorder float sums
 
@@ -54,7 +54,7 @@ def call_bytes(func, args, wl: Workload) -> int:
     w = weight_bytes(func, args)
     if w or "layer" not in param_names(func):
         return w
-    state = sum(int(np.prod(args[i].shape)) * np.dtype(str(args[i].dtype)).itemsize for i in streamed(func, args))
+    state = sum(tensor_bytes(args[i]) for i in streamed(func, args))
     return state // max(1, wl.layers)
 
 
