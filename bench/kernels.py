@@ -35,13 +35,13 @@ def main() -> None:
 
     import tvm
 
-    from ellm.autotune.measure import Workload, argument_sets, inputs, last_level_cache, time_calls, weight_bytes
+    from ellm.autotune.measure import Workload, argument_sets, inputs, kv_read_bytes, kv_steps, last_level_cache, time_calls
+    from ellm.autotune.runner import call_bytes
     from ellm.bench.bandwidth import measure_read_bandwidth
     from ellm.compiler.build import CompileOptions, build_graph
     from ellm.compiler.gguf_file import GGUFFile
     from ellm.compiler.lower import lower
     from ellm.config import ModelConfig
-    from ellm.kv.plan import KVPlan
     from ellm.models import resolve_model
     from ellm.runtime.threads import set_threads
     from ellm.targets import detect_host, resolve_target
@@ -51,7 +51,6 @@ def main() -> None:
     cfg = ModelConfig.from_gguf(gf)
     _, g = build_graph(gf, cfg, CompileOptions(activations=a.activations), preset)
     lowered = lower(g, preset)
-    plan = KVPlan.from_key(g.op("kv_cache").attr("kv_plan"))
     prefill = a.tokens > 0
     # decode: the m=1 kernels; prefill: the symbolic-token kernels (and the head on the last row)
     head = lambda k: k.req.kind.value == "lm_head"  # noqa: E731
@@ -73,24 +72,22 @@ def main() -> None:
     bw = measure_read_bandwidth(a.threads)
     llc = last_level_cache()
     set_threads(a.threads)
-    wl = Workload(tokens=max(1, a.tokens), ctx=a.ctx)
+    wl = Workload(tokens=max(1, a.tokens), ctx=a.ctx, layers=cfg.n_layers)
     rows = []
     for k in step:
         func = lower_rule_build(k, preset, overrides.get(k.rule)).with_attr("global_symbol", "kernel")
         ex = tvm.compile(func, target=preset.tvm_target())
         args = inputs(func, k.req, wl, np.random.default_rng(0))
-        nbytes = weight_bytes(func, args)
-        # decode: weights rotated through twice the last-level cache; the KV cache's layers stepped through
-        sets = argument_sets(func, args, not prefill, llc, cfg.n_layers)
+        nbytes = call_bytes(func, k.req, args, wl)
+        # decode: weights and the KV cache read cold (measure.py); the KV cache's layers stepped through
+        sets = argument_sets(func, args, not prefill, llc, kv_steps(k.req, wl.layers), kv_read_bytes(k.req, wl))
         sec = time_calls(ex["kernel"], sets, 1 if prefill else 100)
         row = {"kernel": k.name, "rule": k.rule, "calls_per_step": calls[k.name], "us": sec * 1e6}
         if prefill:
             macs = _macs(k.req, a.tokens)
             row.update(gmac_s=macs / sec / 1e9 if macs else None)
         else:
-            if k.req.kind.value == "attention":  # K and V of one layer up to ctx, at the plan's precision
-                nbytes = int(plan.bytes_per_token() / cfg.n_layers * a.ctx)
-            elif k.req.kind.value == "embedding":
+            if k.req.kind.value == "embedding":
                 nbytes = nbytes // k.req.weight_shape[0]  # one row
             row.update(bytes=nbytes, gb_s=nbytes / sec / 1e9, pct_bw=100 * nbytes / sec / 1e9 / bw.gb_s_median)
         rows.append(row)

@@ -4,10 +4,15 @@ chunks hot, and kernels that read the KV cache step through its layers."""
 from __future__ import annotations
 
 import numpy as np
+import dataclasses
+
 from kernels import PRESET, matmul_request, select_rule
+from kvcache import cache_attrs
 from test_schedule_knobs import REQUESTS
 
-from ellm.autotune.measure import COLD_CACHES, WEIGHTS, Workload, argument_sets, inputs, param_names, streamed, weight_bytes
+from ellm.autotune.measure import (COLD_CACHES, COPY_MEMORY_SHARE, WEIGHTS, Workload, argument_sets, inputs, kv_read_bytes,
+                                   kv_steps, param_names, streamed, weight_bytes)
+from ellm.kv.plan import KVPlan, KVType
 from ellm.quant import QuantType
 
 
@@ -30,25 +35,65 @@ def test_cold_weights_rotate_through_several_times_the_cache():
     assert len(argument_sets(func, args, cold=False, llc=llc)) == 1
 
 
+def _attention_func(req):
+    rule = select_rule(req, PRESET)
+    return rule.build_kernel(req, PRESET, rule.default_knobs(req, PRESET))
+
+
 def test_kernels_that_read_the_cache_step_through_its_layers():
-    req, preset = REQUESTS["attention_decode"]
+    req, _ = REQUESTS["attention_decode"]  # a uniform plan of 2 layers
     assert req.m == 1
-    rule = select_rule(req, preset)
-    func = rule.build_kernel(req, preset, rule.default_knobs(req, preset))
-    args = inputs(func, req, Workload(ctx=256), np.random.default_rng(0))
-    li = param_names(func).index("layer")
-    sets = argument_sets(func, args, cold=True, llc=1 << 20, layers=2)
-    assert sorted({s[li] for s in sets}) == [0, 1]
-    # one-token attention reads its cache cold: copies of the whole cache, each read layer by layer, so no
-    # (copy, layer) slice is read twice in a pass
-    rot = streamed(func, args)
+    func = _attention_func(req)
+    wl = Workload(ctx=256)
+    args = inputs(func, req, wl, np.random.default_rng(0))
     names = param_names(func)
+    li = names.index("layer")
+    steps = kv_steps(req)
+    assert steps == [{"layer": 0, "kslot": 0, "vslot": 0}, {"layer": 1, "kslot": 1, "vslot": 1}]
+    read = kv_read_bytes(req, wl)
+    sets = argument_sets(func, args, cold=True, llc=1 << 20, steps=steps, read=read)
+    assert sorted({s[li] for s in sets}) == [0, 1]
+    # one-token attention reads its cache cold: copies of the whole cache, each read layer by layer, until a
+    # pass reads COLD_CACHES x the cache of what the calls read, and no (copy, layer) slice twice in a pass
+    rot = streamed(func, args)
     assert rot and not {names[i] for i in rot} & {"q", "out", "attn"}
-    state = sum(args[i].numpy().nbytes for i in rot)
-    copies = -(-COLD_CACHES * (1 << 20) // state)
+    copies = -(-COLD_CACHES * (1 << 20) // (read * 2))
     assert copies > 1 and len(sets) == copies * 2
     assert len({(id(s[rot[0]]), s[li]) for s in sets}) == len(sets)
-    assert len(argument_sets(func, args, cold=False, llc=1 << 20, layers=2)) == 2
+    assert len(argument_sets(func, args, cold=False, llc=1 << 20, steps=steps, read=read)) == 2
+    # the copies stay within their share of the memory: fewer of them, still every layer
+    state = sum(args[i].numpy().nbytes for i in rot)
+    capped = argument_sets(func, args, cold=True, llc=1 << 20, steps=steps, read=read, memory=int(3 * state / COPY_MEMORY_SHARE))
+    assert len(capped) == 3 * 2
+
+
+def test_each_layer_reads_its_own_slots_of_the_typed_stores():
+    """With keys of layers 0-1 in q8 and 2-4 in q4, the q4-key kernel serves layers 2, 3, 4: slots 0, 1, 2 of
+    the q4 key store and 2, 3, 4 of the value store (every call once read slot 0: one layer's blocks,
+    re-read for every layer, hot)."""
+    plan = KVPlan(2, 64, (KVType.Q8,) * 2 + (KVType.Q4,) * 3, (KVType.Q4,) * 5, ring=7)
+    req, _ = REQUESTS["attention_decode"]
+    req = dataclasses.replace(req, attrs=tuple(sorted({**dict(req.attrs), **dict(cache_attrs(plan, 3))}.items())))
+    steps = kv_steps(req)
+    assert steps == [{"layer": i, "kslot": i - 2, "vslot": i} for i in (2, 3, 4)]
+    func = _attention_func(req)
+    args = inputs(func, req, Workload(ctx=256), np.random.default_rng(0))
+    names = param_names(func)
+    assert [args[names.index(n)] for n in ("layer", "kslot", "vslot")] == [2, 0, 2]  # the first layer it serves
+    sets = argument_sets(func, args, cold=False, llc=1 << 20, steps=steps)
+    assert [tuple(s[names.index(n)] for n in ("layer", "kslot", "vslot")) for s in sets] == [(2, 0, 2), (3, 1, 3), (4, 2, 4)]
+
+
+def test_attention_reads_the_blocks_its_sparse_selection_takes():
+    """Bytes per call from the block layout: q8 keys (64 x 64 codes and a float16 min and scale per channel,
+    4352 bytes a block and head), q4 values (64 x 64 nibbles and a min and scale per key, 2304), 2 heads.
+    At 256 tokens every block is read; at 8192, the sparse defaults read 1 sink block, 22 top-K blocks and
+    512 + 0 window keys (31 blocks) and bound the 119 blocks past the sinks (their key minima and scales)."""
+    req, _ = REQUESTS["attention_decode"]
+    per_block = 2 * (4352 + 2304)
+    assert kv_read_bytes(req, Workload(ctx=256)) == 4 * per_block
+    assert kv_read_bytes(req, Workload(ctx=8192)) == 31 * per_block + 119 * 2 * (2 * 64 * 2)
+    assert kv_read_bytes(*REQUESTS["attention_input"][:1], Workload()) is None
 
 
 def test_cold_weights_and_kv_layers_pair_up_rather_than_multiply():
@@ -62,7 +107,8 @@ def test_cold_weights_and_kv_layers_pair_up_rather_than_multiply():
     li, nbytes = names.index("layer"), weight_bytes(func, args)
     w = [i for i, n in enumerate(names) if n.startswith(WEIGHTS)][0]
     for llc, layers in ((8 * nbytes, 3), (nbytes // 8, 5)):
-        sets = argument_sets(func, args, cold=True, llc=llc, layers=layers)
+        steps = [{"layer": i, "kslot": 0, "vslot": i} for i in range(layers)]
+        sets = argument_sets(func, args, cold=True, llc=llc, steps=steps)
         copies = -(-COLD_CACHES * llc // nbytes)
         assert len(sets) == max(copies, layers)
         assert sorted({s[li] for s in sets}) == list(range(layers))

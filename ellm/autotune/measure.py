@@ -2,12 +2,15 @@
 timed as a decode step sees it.
 
 One-token kernels stream their weights from DRAM in a real step (each layer's weights are evicted by the
-other layers'), so their weights rotate through copies totalling COLD_CACHES times the last-level cache. Kernels that
-read the KV cache step through its layers; one-token attention reads it cold too, from copies of the whole cache
-(from one copy, attention at 8K tokens could keep its cache in a 480 MB L3: the tuner measured prefetch off
-1.46x faster alone, and the model decoded 5% slower with it). Prefill chunks are compute-bound and reuse their weights across
-tokens, so they are timed with one set. Times are medians of three timed passes after an untimed one and
-include the Python call (~1 us).
+other layers'), so their weights rotate through copies totalling COLD_CACHES times the last-level cache.
+Kernels that read the KV cache step through the layers they serve, each with its own slots of the stores
+(`kv_steps`). One-token attention reads its cache cold too: copies of the cache, each read layer by layer,
+until a pass reads COLD_CACHES times the last-level cache of what a call actually reads (the blocks its
+sparse selection takes). Both mattered: from one copy, attention at 8K tokens could keep its cache in a
+480 MB L3, and with every layer reading slot 0 of the stores a pass re-read one layer's blocks 26 times;
+each time the tuner picked prefetch off and the model decoded 5% slower with it. Prefill chunks are
+compute-bound and reuse their weights across tokens, so they are timed with one set. Times are medians of
+three timed passes after an untimed one and include the Python call (~1 us).
 """
 
 from __future__ import annotations
@@ -25,15 +28,19 @@ from ..schedules import KernelRequest
 # Copies of twice the L3 are not cold on Zen 5's victim L3: a 30 MB head read from two copies ran at 61-66 GB/s,
 # from four or eight at 44-47 GB/s (this VM's DRAM rate), a 576x576 GEMV at 40 vs 30-34 GB/s.
 COLD_CACHES = 4
+# Cold copies may take at most this share of the machine's memory (with a 480 MB L3, SmolLM2's 4 q8-key layers
+# read 2.6 MB a copy at 8K tokens: 740 copies of the 31 MB cache it is given); fewer copies read warmer.
+COPY_MEMORY_SHARE = 0.25
 WEIGHTS = ("w_", "gu_", "down_")  # packed weight components: what a decode step streams besides the KV cache
 NOT_KV_STATE = ("q", "out", "attn")  # the buffers of an attention kernel that are not the cache
+STEP_SCALARS = ("layer", "kslot", "vslot")  # which layer a KV kernel runs, and its slots in the typed stores
 
 
 @dataclass(frozen=True)
 class Workload:
     tokens: int = 256  # symbolic token count of prefill kernels
     ctx: int = 4096  # KV cache capacity; attention runs at the end of it
-    layers: int = 1  # KV cache layers a kernel that reads the cache steps through
+    layers: int = 1  # KV cache layers a kernel that reads the cache steps through, without a plan (kv_steps)
 
 
 def inputs(func, req: KernelRequest, wl: Workload, rng) -> list:
@@ -65,7 +72,7 @@ def inputs(func, req: KernelRequest, wl: Workload, rng) -> list:
                 arr = rng.integers(0, 256, nbytes, dtype=np.uint8).view(dtype).reshape(shape)
             args.append(tvm.runtime.tensor(arr))
         else:
-            args.append({"pos": pos, "layer": 0, "kslot": 0, "vslot": 0}[str(p.name)])
+            args.append({"pos": pos, **kv_steps(req, wl.layers)[0]}[str(p.name)])  # the first layer it serves
     return args
 
 
@@ -96,29 +103,79 @@ def streamed(func, args) -> list[int]:
     return [i for i, (n, a) in enumerate(zip(names, args)) if isinstance(a, tvm.runtime.Tensor) and n not in NOT_KV_STATE]
 
 
-def argument_sets(func, args, cold: bool, llc: int, layers: int = 1) -> list[list]:
-    """The argument lists one timing pass cycles through. With `cold`, the streamed buffers are copied until
-    the copies total COLD_CACHES times `llc` bytes. A kernel with a `layer` argument steps through the KV
-    layers: with weights (each call reads all of a copy's), the copies are paired with the layers in turn,
-    max(copies, layers) calls a pass; reading only the KV cache (a call reads one layer of a copy), every
-    copy goes through every layer, copies x layers calls, so no byte is read twice within a pass."""
+def kv_steps(req: KernelRequest, layers: int = 1) -> list[dict[str, int]]:
+    """The step scalars (layer, kslot, vslot) of every layer whose cache a kernel of `req` reads, in order: the
+    layers the request's KV plan gives its K and V types, each with its slots in the stores of those types
+    (without a plan, `layers` layers of one class)."""
+    key = req.attr("kv_plan")
+    if not key:
+        return [{"layer": i, "kslot": i, "vslot": i} for i in range(layers)]
+    plan = KVPlan.from_key(key)
+    kt, vt = req.attr("kv_k"), req.attr("kv_v")
+    steps = []
+    for i in range(plan.n_layers):
+        (tk, ks), (tv, vs) = plan.slot("k", i), plan.slot("v", i)
+        if kt in (None, tk.value) and vt in (None, tv.value):
+            steps.append({"layer": i, "kslot": ks, "vslot": vs})
+    return steps
+
+
+def kv_read_bytes(req: KernelRequest, wl: Workload) -> int | None:
+    """Bytes of the KV stores a query of an attention kernel reads at the workload's context (as
+    AttentionConfig's defaults select them, before widening): the K and V blocks of the keys it reads, and
+    the K summaries of every candidate block it bounds, at the types of the layers it serves. None for
+    other kernels."""
+    key = req.attr("kv_plan")
+    if not key or req.kind.value != "attention":
+        return None
+    plan = KVPlan.from_key(key)
+    layer = kv_steps(req)[0]["layer"]
+    block_bytes, summary_bytes = 0, 0
+    for kind in ("k", "v"):
+        for st in plan.store_tensors(kind, plan.slot(kind, layer)[0]):  # [slots, heads, NB, ...]
+            b = int(np.prod([int(d) for d in st.shape[1:] if d != "NB"])) * np.dtype(st.dtype).itemsize
+            block_bytes += b
+            if kind == "k" and st.name.endswith(("_params", "_summary")):
+                summary_bytes += b
+    keys, candidates = AttentionConfig().blocks_read(wl.ctx, plan.block, plan.recent)
+    return block_bytes * -(-keys // plan.block) + summary_bytes * candidates
+
+
+def argument_sets(func, args, cold: bool, llc: int, steps: list[dict[str, int]] = (), read: int | None = None,
+                  memory: int | None = None) -> list[list]:
+    """The argument lists one timing pass cycles through. A kernel with a `layer` argument takes each of
+    `steps` (kv_steps) in turn. With `cold`, the streamed buffers are copied until a pass reads COLD_CACHES
+    times `llc` bytes (`read`: bytes a call reads of them, default all), within COPY_MEMORY_SHARE of `memory`.
+    With weights (each call reads all of a copy's), the copies are paired with the steps in turn,
+    max(copies, steps) calls a pass; reading only the KV cache (a call reads one layer of a copy), every
+    copy goes through every step, copies x steps calls, so no byte is read twice within a pass."""
     import tvm
 
     names = param_names(func)
     rot = streamed(func, args)
     nbytes = sum(tensor_bytes(args[i]) for i in rot)
-    copies = max(1, -(-COLD_CACHES * llc // nbytes)) if nbytes and cold else 1
+    layered = "layer" in names and bool(steps)
+    with_weights = any(names[i].startswith(WEIGHTS) for i in rot)
+    per_copy = (read or nbytes) * (len(steps) if layered and not with_weights else 1)  # bytes a copy adds to a pass
+    copies = max(1, -(-COLD_CACHES * llc // per_copy)) if per_copy and cold else 1
+    if copies > 1:
+        copies = max(1, min(copies, int(COPY_MEMORY_SHARE * (memory or physical_memory())) // nbytes))
     sets = [args]
     if copies > 1:
         sets = [[tvm.runtime.tensor(x.numpy()) if i in rot else x for i, x in enumerate(args)] for _ in range(copies)]
-    if "layer" in names:
-        li = names.index("layer")
-        if any(names[i].startswith(WEIGHTS) for i in rot):
-            order = [(i % len(sets), i % layers) for i in range(max(len(sets), layers))]
+    if layered:
+        if with_weights:
+            order = [(i % len(sets), steps[i % len(steps)]) for i in range(max(len(sets), len(steps)))]
         else:  # a decode step per copy: its layers in order
-            order = [(c, l) for c in range(len(sets)) for l in range(layers)]
-        sets = [sets[c][:li] + [l] + sets[c][li + 1:] for c, l in order]
+            order = [(c, st) for c in range(len(sets)) for st in steps]
+        sets = [[st.get(n, a) if n in STEP_SCALARS else a for n, a in zip(names, sets[c])] for c, st in order]
     return sets
+
+
+def physical_memory() -> int:
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def time_passes(f, sets, calls: int, passes: int = 3) -> list[float]:
@@ -165,5 +222,5 @@ def time_function(f, func, req: KernelRequest, wl: Workload, cold: bool | None =
     """Median seconds per call of compiled kernel `f` of PrimFunc `func` (its parameters give the inputs)."""
     args = args if args is not None else inputs(func, req, wl, np.random.default_rng(0))
     cold = req.m == 1 if cold is None else cold
-    sets = argument_sets(func, args, cold, last_level_cache(), wl.layers)
+    sets = argument_sets(func, args, cold, last_level_cache(), kv_steps(req, wl.layers), kv_read_bytes(req, wl))
     return time_calls(f, sets, calls_for(req, cold))

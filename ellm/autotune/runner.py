@@ -17,7 +17,8 @@ import numpy as np
 from ..schedules import KernelRequest, rule_by_name
 from ..targets import get_preset
 from .builder import Built
-from .measure import Workload, argument_sets, calls_for, inputs, last_level_cache, param_names, streamed, tensor_bytes, time_passes, weight_bytes
+from .measure import (Workload, argument_sets, calls_for, inputs, kv_read_bytes, kv_steps, last_level_cache, param_names, streamed,
+                      tensor_bytes, time_passes, weight_bytes)
 
 RTOL = 2e-3  # of the largest magnitude of a float output: split-K merges and tiling reorder float sums
 
@@ -48,14 +49,17 @@ def mismatch(got: list[np.ndarray], want: list[np.ndarray]) -> str:
     return ""
 
 
-def call_bytes(func, args, wl: Workload) -> int:
-    """Bytes one call streams: its packed weights; for attention (a `layer` argument), one layer's share of
-    the KV state it is given (the whole cache at the workload's context)."""
+def call_bytes(func, req: KernelRequest, args, wl: Workload) -> int:
+    """Bytes one call streams: its packed weights; for attention, the blocks a query reads of one layer's
+    cache (kv_read_bytes); for other kernels of the KV cache, one layer's share of what they are given."""
     w = weight_bytes(func, args)
     if w or "layer" not in param_names(func):
         return w
+    read = kv_read_bytes(req, wl)
+    if read is not None:
+        return read
     state = sum(tensor_bytes(args[i]) for i in streamed(func, args))
-    return state // max(1, wl.layers)
+    return state // max(1, len(kv_steps(req, wl.layers)))
 
 
 def kernel_key(job) -> str:
@@ -76,7 +80,7 @@ class KernelBench:
         self.args = inputs(self.func, req, wl, np.random.default_rng(0))
         self.initial = [a.numpy() if isinstance(a, tvm.runtime.Tensor) else a for a in self.args]
         self.cold = req.m == 1
-        self.bytes = call_bytes(self.func, self.args, wl)
+        self.bytes = call_bytes(self.func, req, self.args, wl)
         self.sets = None
         self._scratch: list | None = None
         self.reference: list[np.ndarray] | None = None
@@ -97,7 +101,8 @@ class KernelBench:
 
     def time(self, f) -> dict[str, float]:
         if self.sets is None:
-            self.sets = argument_sets(self.func, self.args, self.cold, last_level_cache(), self.wl.layers)
+            self.sets = argument_sets(self.func, self.args, self.cold, last_level_cache(), kv_steps(self.req, self.wl.layers),
+                                      kv_read_bytes(self.req, self.wl))
         calls = calls_for(self.req, self.cold)
         t = time_passes(f, self.sets, calls)
         return {"median": statistics.median(t), "min": min(t), "max": max(t), "passes": len(t), "calls": calls,
