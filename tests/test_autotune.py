@@ -8,6 +8,7 @@ from kernels import PRESET, matmul_request, select_rule
 from synthetic import write_model
 
 from ellm.autotune import TuningDatabase, TuningRecord
+from ellm.autotune.confirm import CONFIRM_ROUNDS
 from ellm.autotune.tuner import TuneOptions, Workload, tune_model
 from ellm.compiler.build import CompileOptions, compile_model
 from ellm.quant import QuantType
@@ -33,12 +34,21 @@ def test_tune_then_compile_uses_the_tuned_knobs(tmp_path):
     gemv = select_rule(matmul_request(QuantType.Q4_K, 64, 256, m=1, layout="tile16", act_bits=16), PRESET).name
     assert {r.rule for r in records} >= {gemv, "attention_input", "attention_decode"}
     assert all(r.seconds > 0 for r in records)
+    # each kernel's candidate was re-timed with its default in alternation; compile applies it only if it won
+    # every round, and reports the others as slower than their defaults
+    confirmed = [r for r in records if r.confirmed]
+    assert confirmed and all(r.stats["rounds"] == CONFIRM_ROUNDS for r in confirmed)
+    assert all(r.confirmed or r.trial == 0 for r in records)  # unconfirmed: a one-point space (attention_mT)
+    applied = [r for r in records if r.beats_default()]
+    assert all(r.stats["wins"] == CONFIRM_ROUNDS for r in applied if r.confirmed)
     report = compile_model(model, tmp_path / "art", CompileOptions(target=target, tuning_db=tmp_path / "tune.jsonl"))
     art = report.path
     (line,) = report.tuning  # every tuned kernel found, measured on this CPU with these threads
-    assert f"{len(records)} kernels tuned ({len(records)} measured on this CPU model with 2 threads" in line
+    assert f"{len(applied)} kernels tuned ({len(applied)} measured on this CPU model with 2 threads" in line
+    if len(applied) < len(records):
+        assert f"{len(records) - len(applied)} whose record was slower than the default" in line
     manifest = json.loads((art / "manifest.json").read_text())
     for k in manifest["targets"][0]["kernels"]:
         rec = db.best(target, k["name"], k["rule"])
-        if rec is not None:
+        if rec is not None and rec.beats_default():
             assert k["knobs"] == rec.knobs

@@ -75,7 +75,7 @@ def _tune(tmp_path, port, trials=16):
     runner = RPCRunner(f"127.0.0.1:{port}", KEY, wl, threads=1)
     assert runner.sessions == 2 and runner.cpu.startswith(KEY)
     db = tune_model(model, tmp_path / "db.jsonl", target=PRESET.name, threads=1, workload=wl, kernels=r"^matmul_q4_1_256x512_m1_",
-                    options=TuneOptions("random", trials=trials, batch=8, patience=None), runner=runner)
+                    options=TuneOptions("random", trials=trials, batch=8, patience=None, confirm=0), runner=runner)
     return db
 
 

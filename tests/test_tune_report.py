@@ -38,19 +38,24 @@ def test_tune_then_report_on_the_command_line(tmp_path, capsys):
     rc = main(["tune", str(model), "-o", str(db), "--target", PRESET.name, "--strategy", "evolutionary", "--trials", "3",
                "--batch", "3", "--workers", "2", "--kernels", "^attention_input_.*_m1_", "--ctx", "256", "--json"])
     assert rc == 0
-    summary = json.loads(capsys.readouterr().out)
-    assert len(summary) == 1 and summary[0]["trials"] == 3 and summary[0]["gain"] >= 1.0
+    (summary,) = json.loads(capsys.readouterr().out)
     recs = TuningDatabase.open(db).trials()
-    assert [r.trial for r in recs] == [0, 1, 2] and all(r.strategy == "evolutionary" for r in recs)
+    search = [r for r in recs if not r.confirmed]
+    again = [r for r in recs if r.confirmed]  # the 2 candidates, re-timed with the default
+    assert [r.trial for r in search] == [0, 1, 2] and all(r.strategy == "evolutionary" for r in recs)
+    assert 1 <= len(again) <= 2 and [r.trial for r in again] == list(range(3, 3 + len(again)))
+    assert summary["trials"] == len(recs) and summary["confirmed"]
+    assert summary["applied"] == (summary["gain"] >= 1.0 and max(r.stats["wins"] for r in again) == 5)
     r = recs[0]
     assert r.versions["ellm"] and r.versions["tvm"] and r.cpu_features and r.options["bandwidth_gbs"] > 0
     assert r.stats["bytes"] > 0 and r.stats["passes"] == 3 and r.options["compile"]["target"] == PRESET.name
     assert main(["tune", "report", str(db)]) == 0
     out = capsys.readouterr().out
-    assert "attention_input" in out and "evolutionary" in out
+    assert "attention_input" in out and "evolutionary" in out and "confirmed" in out
     assert main(["tune", "report", str(db), "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
-    assert rep["kernels"][0]["strategies"]["evolutionary"]["trials"] == 3
+    assert rep["kernels"][0]["strategies"]["evolutionary"]["trials"] == 3  # the search's own trials
+    assert rep["kernels"][0]["confirmed"]["applied"] == summary["applied"]
 
 
 def test_report_of_a_missing_database_is_an_error(tmp_path, capsys):

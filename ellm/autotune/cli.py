@@ -9,6 +9,7 @@ import sys
 from ..cli import _positive_int, _regex, add_compile_option_args, compile_options
 
 STRATEGY_NAMES = ("grid", "random", "evolutionary", "model")  # strategies.STRATEGIES (a test keeps them equal)
+CONFIRM_TOP, CONFIRM_ROUNDS = 3, 5  # confirm.py's (the same test), here without importing TVM
 
 
 def _seconds(s: str) -> float:
@@ -33,6 +34,9 @@ def add_parser(sub) -> None:
     tu.add_argument("--patience", type=_positive_int, default=32, help="stop a kernel after this many trials without a 1%% gain")
     tu.add_argument("--batch", type=_positive_int, default=8, help="points built in parallel per round (default 8)")
     tu.add_argument("--workers", type=int, default=None, help="build processes (default: one per CPU; 0: none)")
+    tu.add_argument("--confirm", type=int, default=CONFIRM_TOP, metavar="N",
+                    help=f"re-time the N fastest points with the default, {CONFIRM_ROUNDS} rounds in alternation, "
+                         f"and apply only what that confirms (default {CONFIRM_TOP}; 0: apply the search's fastest)")
     tu.add_argument("--seed", type=int, default=0)
     tu.add_argument("--threads", type=_positive_int, default=None, help="threads the kernels run with (default: all CPUs)")
     tu.add_argument("--tokens", type=_positive_int, default=256, help="prefill chunk the kernels are timed at")
@@ -54,7 +58,7 @@ def cmd_tune(a: argparse.Namespace) -> int:
 
     from ..errors import EllmError
 
-    opts = TuneOptions(a.strategy, a.trials, a.time_budget, a.batch, a.patience, a.seed, a.workers)
+    opts = TuneOptions(a.strategy, a.trials, a.time_budget, a.batch, a.patience, a.seed, a.workers, a.confirm)
     log = (lambda s: print(s, file=sys.stderr)) if a.json else print
     wl = Workload(tokens=a.tokens, ctx=a.ctx)
     runner = None
@@ -115,5 +119,6 @@ def summary(db) -> list[dict]:
         mine = [r for r in trials if r.key() == best.key()]
         out.append({"kernel": best.kernel, "rule": best.rule, "target": best.target, "cpu": best.cpu, "threads": best.threads,
                     "default_us": best.default_seconds * 1e6, "best_us": best.seconds * 1e6, "gain": round(best.gain(), 4),
-                    "trials": len(mine), "failed": sum(r.status != "ok" for r in mine), "knobs": best.knobs})
+                    "trials": len(mine), "failed": sum(r.status != "ok" for r in mine), "knobs": best.knobs,
+                    "confirmed": best.confirmed, "applied": best.beats_default()})
     return out

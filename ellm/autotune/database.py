@@ -55,11 +55,15 @@ class TuningRecord:
     runner: str = "local"  # where it was measured: local, or rpc:<key>@<server>
     options: dict[str, Any] = field(default_factory=dict)  # compile options and workload of the run
     versions: dict[str, str] = field(default_factory=dict)  # eLLM and TVM versions
+    confirmed: bool = False  # re-timed in alternation with the default after the search (confirm.py)
 
     def key(self) -> tuple[str, str, int, str, str]:
         return (self.target, self.cpu, self.threads, self.kernel, self.rule)
 
     def beats_default(self) -> bool:
+        """A confirmed record must have been faster in every round of its confirmation (confirm.py)."""
+        if self.confirmed and self.stats.get("wins", 0) < self.stats.get("rounds", 1):
+            return False
         return self.default_seconds <= 0 or self.seconds <= self.default_seconds
 
     def gain(self) -> float:
@@ -170,13 +174,15 @@ class TuningDatabase:
         return db
 
     def add(self, record: TuningRecord) -> bool:
-        """Hold `record` (in memory); True if it became the best of its (target, CPU, threads, kernel, rule)."""
+        """Hold `record` (in memory); True if it became the best of its (target, CPU, threads, kernel, rule).
+        Confirmed records outrank the search's own (a search's fastest time is partly its quietest moment) and
+        rank among themselves by whether they beat the default timed alongside them, then by the gain."""
         self._trials.append(record)
         if record.status != "ok":
             return False
         key = record.key()
         old = self._best.get(key)
-        if old is None or record.seconds < old.seconds:
+        if old is None or _rank(record) > _rank(old):
             self._best[key] = record
             return True
         return False
@@ -243,6 +249,10 @@ class TuningDatabase:
         path = Path(path or self.path)
         text = _header() + "".join(json.dumps(asdict(r), sort_keys=True) + "\n" for r in self._trials)
         atomic_write_text(path, text)
+
+
+def _rank(r: TuningRecord) -> tuple[int, int, float]:
+    return (1, int(r.beats_default()), r.gain()) if r.confirmed else (0, 0, -r.seconds)
 
 
 def _header() -> str:

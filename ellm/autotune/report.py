@@ -1,8 +1,9 @@
 """`ellm tune report DB`: what a tuning database says, for people studying schedule search.
 
 Per kernel (and CPU model, threads): the default's and the best time, GB/s and % of the measured memory
-bandwidth where the run recorded bytes per call and bandwidth, the speedup, and how many trials each
-strategy needed to reach 95% of the best it found. Per strategy: best-so-far curves (speedup over the
+bandwidth where the run recorded bytes per call and bandwidth, the speedup, how many trials each
+strategy needed to reach 95% of the best it found, and, where the tune confirmed its best points
+(confirm.py), the confirmed speedup and whether compile applies it. Per strategy: best-so-far curves (speedup over the
 default) against trials and against wall time, each search's trials in the order they ran.
 """
 
@@ -15,10 +16,12 @@ from .database import TuningDatabase, TuningRecord
 
 
 def _searches(db: TuningDatabase) -> dict[tuple, list[TuningRecord]]:
-    """Trials grouped by (kernel, rule, target, CPU, threads, strategy), in trial order."""
+    """Trials grouped by (kernel, rule, target, CPU, threads, strategy), in trial order (the search's own:
+    confirmations are re-timings, reported per kernel)."""
     out: dict[tuple, list[TuningRecord]] = defaultdict(list)
     for r in db.trials():
-        out[(r.kernel, r.rule, r.target, r.cpu, r.threads, r.strategy or "?")].append(r)
+        if not r.confirmed:
+            out[(r.kernel, r.rule, r.target, r.cpu, r.threads, r.strategy or "?")].append(r)
     for v in out.values():
         v.sort(key=lambda r: (r.trial, r.measured_unix))
     return out
@@ -65,18 +68,26 @@ def build_report(db: TuningDatabase) -> dict:
             gbs = nbytes / best.seconds / 1e9 if nbytes else None
             k.update(best_s=best.seconds, default_s=default or None, speedup=default / best.seconds if default else None,
                      gbs=gbs, pct_bandwidth=100 * gbs / bw if gbs and bw else None, best_knobs=best.knobs)
+    for rec in db.records():  # what compile applies: with confirmations, their verdict
+        k = kernels.get((rec.kernel, rec.rule, rec.target, rec.cpu, rec.threads))
+        if k is not None and rec.confirmed:
+            k["confirmed"] = {"default_s": rec.default_seconds, "best_s": rec.seconds, "speedup": rec.gain(),
+                              "wins": rec.stats.get("wins"), "rounds": rec.stats.get("rounds"),
+                              "applied": rec.beats_default(), "knobs": rec.knobs}
     return {"kernels": list(kernels.values())}
 
 
 def format_report(rep: dict) -> str:
     lines = [f"{'kernel':44s} {'rule':16s} {'default us':>10s} {'best us':>9s} {'GB/s':>6s} {'%BW':>5s} {'speedup':>7s}  "
-             "trials to 95% (per strategy)"]
+             "confirmed  trials to 95% (per strategy)"]
     for k in rep["kernels"]:
         f = lambda v, w, p: f"{v:{w}.{p}f}" if v is not None else f"{'-':>{w}s}"  # noqa: E731
         t95 = ", ".join(f"{s} {v['trials_to_95']}/{v['trials']}" for s, v in sorted(k["strategies"].items()))
+        c = k.get("confirmed")
+        conf = (f"{c['speedup']:.3f}{'' if c['applied'] else ' no'}" if c else "-").rjust(9)
         lines.append(f"{k['kernel'][:44]:44s} {k['rule'][:16]:16s} {f((k.get('default_s') or 0) * 1e6 or None, 10, 1)} "
                      f"{f((k.get('best_s') or 0) * 1e6 or None, 9, 1)} {f(k.get('gbs'), 6, 1)} {f(k.get('pct_bandwidth'), 5, 0)} "
-                     f"{f(k.get('speedup'), 7, 3)}  {t95}")
+                     f"{f(k.get('speedup'), 7, 3)} {conf}  {t95}")
     return "\n".join(lines)
 
 

@@ -4,7 +4,9 @@ constraints), workers build them as compile does, a runner checks each against t
 with the harness `bench/kernels.py` uses (measure.py), and every trial is appended to the database.
 
 The default is trial 0 of every kernel. A search ends at its trial budget, its time budget, when the
-space is exhausted, or after `patience` trials without a gain of 1% over the best.
+space is exhausted, or after `patience` trials without a gain of 1% over the best. Then its fastest points
+are re-timed with the default in alternation (confirm.py): compile applies a point only if it beat the
+default in every round.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from ..schedules import KernelRequest, Rule, rule_by_name
 from ..schedules.space import Point, Space
 from ..targets import TargetPreset, detect_host, resolve_target
 from .builder import BuildJob, LocalBuilder
+from .confirm import CONFIRM_ROUNDS, CONFIRM_TOP, confirm, contenders
 from .database import TuningDatabase, TuningRecord, versions
 from .measure import Workload
 from .runner import LocalRunner, Trial
@@ -41,12 +44,15 @@ class TuneOptions:
     patience: int | None = 32  # trials without a 1% gain before stopping (None: never)
     seed: int = 0
     workers: int | None = None  # build processes (default: one per CPU; 0: build in this process)
+    confirm: int = CONFIRM_TOP  # fastest points re-timed against the default in alternation (0: none; confirm.py)
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
             raise EllmError(f"unknown search strategy {self.strategy!r} (choose from {', '.join(STRATEGIES)})")
         if self.trials < 1 or self.batch < 1 or (self.patience is not None and self.patience < 1):
             raise EllmError("tuning needs at least one trial per kernel, a batch of at least one and a positive patience")
+        if self.confirm < 0:
+            raise EllmError("--confirm takes the number of points to re-time (0: none)")
         if self.workers is not None and self.workers < 0:
             raise EllmError("build workers must be 0 (build in this process) or more")
         if self.time_budget is not None and self.time_budget <= 0:
@@ -213,7 +219,31 @@ def tune_model(
                 continue
             gain = state["default"] / best[1].seconds if state["default"] else 1.0
             log(f"  {info.name}: best {best[1].seconds * 1e6:.1f} us ({gain:.2f}x the default) {best[0]}")
+            if options.confirm:
+                _confirm(db, res, rule, info, preset, cpu, n_threads, options, copts, run_opts, vers, builder, runner, log)
     return db
+
+
+def _confirm(db, res: KernelSearch, rule, info, preset, cpu, n_threads, options, copts, run_opts, vers, builder, runner,
+             log) -> None:
+    """Re-time the search's fastest points with the default (confirm.py) and append them as confirmed records."""
+    pts = contenders(res.trials, res.default, options.confirm)
+    if len(pts) < 2:
+        return
+    done = confirm(rule, info.req, preset, pts, builder, runner, copts.prefetch)
+    if not done:
+        log(f"  {info.name}: the default failed when re-timed: nothing confirmed")
+        return
+    default_s = done[0][1].seconds
+    elapsed = res.trials[-1][2] if res.trials else 0.0
+    for j, (p, t) in enumerate(done[1:]):  # the default's timings are each record's default_seconds
+        db.append(dataclasses.replace(trial_record(preset, cpu, n_threads, info, rule.name, p, t, len(res.trials) + j, elapsed,
+                                                   default_s, options.strategy, run_opts, vers), confirmed=True))
+    won = [(p, t) for p, t in done[1:] if t.stats["wins"] == t.stats["rounds"]]
+    verdict = (f"best {min(t.seconds for _, t in won) * 1e6:.1f} us, {default_s / min(t.seconds for _, t in won):.2f}x"
+               if won else "no point beat it in every round: keeps its defaults")
+    log(f"  {info.name}: re-timed {len(done) - 1} points with the default ({default_s * 1e6:.1f} us) in "
+        f"{CONFIRM_ROUNDS} alternating rounds: {verdict}")
 
 
 def trial_record(preset, cpu: tuple[str, list[str]], threads: int, info, rule: str, point: Point, trial: Trial,
