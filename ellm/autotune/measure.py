@@ -56,6 +56,7 @@ def inputs(func, req: KernelRequest, wl: Workload, rng) -> list:
     pos = wl.ctx - m
     if m == 1 and (pos + 1) % block == 0:
         pos -= 1
+    scalars = {"pos": pos, **kv_steps(req, wl.layers)[0]}  # the first layer it serves
     args = []
     for p in func.params:
         if not isinstance(p.ty, tvm.ir.PrimType):  # a buffer parameter
@@ -72,7 +73,7 @@ def inputs(func, req: KernelRequest, wl: Workload, rng) -> list:
                 arr = rng.integers(0, 256, nbytes, dtype=np.uint8).view(dtype).reshape(shape)
             args.append(tvm.runtime.tensor(arr))
         else:
-            args.append({"pos": pos, **kv_steps(req, wl.layers)[0]}[str(p.name)])  # the first layer it serves
+            args.append(scalars[str(p.name)])
     return args
 
 
