@@ -223,11 +223,12 @@ def scores_ref(plan: KVPlan, layer: int, k: np.ndarray, q: np.ndarray, t: int, H
 
 
 def attend_ref(plan: KVPlan, layer: int, k: np.ndarray, v: np.ndarray, q: np.ndarray, t: int, H: int,
-               int_bits: int, keys: list | None = None) -> tuple[np.ndarray, np.ndarray]:
+               int_bits: int, keys: list | None = None, value_bits: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(output, slack): one query [H * hd] at position t over the keys in keys[kv head] (default: all t + 1),
-    float64 softmax of scores_ref over the visible values. With `int_bits` (the integer paths), quantised
-    store blocks of values sum as p_j min_j + w_j code_j with w_j = p_j scale_j rounded to int_bits bits
-    relative to the block's largest w (as the kernels' integer path does).
+    float64 softmax of scores_ref (rounded to `int_bits`) over the visible values. With `value_bits` (the
+    values' integer path; default int_bits, 0: float), quantised store blocks of values sum as
+    p_j min_j + w_j code_j with w_j = p_j scale_j rounded to value_bits bits relative to the block's largest w
+    (as the kernels' integer path does).
 
     The kernels compute p_j in float32 (their own exp), so a w_j within float32 noise of a rounding tie may
     round the other way there: `slack` [H * hd] is what such ties can move the output by (one step f of the
@@ -238,7 +239,8 @@ def attend_ref(plan: KVPlan, layer: int, k: np.ndarray, v: np.ndarray, q: np.nda
     _, vs = visible(plan, layer, k, v, t)
     s = scores_ref(plan, layer, k, q, t, H, int_bits)
     vt = plan.v[layer]
-    stored = max(0, t // B - plan.recent + 1) if int_bits and not vt.is_float else 0
+    value_bits = int_bits if value_bits is None else value_bits
+    stored = max(0, t // B - plan.recent + 1) if value_bits and not vt.is_float else 0
     rd = np.dtype(plan.ring_dtype)
     quant = [[quantise_codes(v[h, b * B : (b + 1) * B].astype(rd), vt) for b in range(stored)] for h in range(k.shape[0])]
     out, slack = np.zeros(H * hd), np.zeros(H * hd)
@@ -250,7 +252,7 @@ def attend_ref(plan: KVPlan, layer: int, k: np.ndarray, v: np.ndarray, q: np.nda
             codes, mn, sc = quant[h // G][b]  # [B, hd], [B], [B]
             pb = p[(idx >= b * B) & (idx < (b + 1) * B)]
             w = pb * sc
-            f = w.max() / qmax_of(int_bits)
+            f = w.max() / qmax_of(value_bits)
             o += pb @ mn + (np.floor(w / f + 0.5) * f if f > 0 else w) @ codes
             if f > 0:
                 ties = np.abs((w / f) % 1.0 - 0.5) < 1e-4

@@ -178,18 +178,29 @@ class FilledCache:
             vv = np.ascontiguousarray(v_all[:, pos : pos + n].transpose(1, 0, 2).reshape(n, -1))
             f_app(*self.args, tvm.runtime.tensor(kk), tvm.runtime.tensor(vv), pos, layer, 0, 0)
         self.q = rng.standard_normal((1, H * hd)).astype(np.float32)
-        self.ref = attend_ref(plan, layer, k_all, v_all, self.q[0], ctx - 1, H, int_bits(preset))
+        self.k_all, self.v_all, self.refs = k_all, v_all, {}
+
+    def ref(self, score_bits: int, value_bits: int):
+        """The NumPy model's answer with scores and values rounded as the kernel does (0: float), cached."""
+        key = (score_bits, value_bits)
+        if key not in self.refs:
+            self.refs[key] = attend_ref(self.plan, 0, self.k_all, self.v_all, self.q[0], self.ctx - 1, self.H,
+                                        score_bits, value_bits=value_bits)
+        return self.refs[key]
 
     def excess(self, knobs) -> float:
-        """How far decode with `knobs` lands from the model, beyond the model's rounding slack."""
+        """How far decode with `knobs` lands from the model, beyond the model's rounding slack: the model
+        rounds scores and values to the knobs' int_bits where int_scores / int_values take the integer path."""
         import tvm
 
+        bits = knobs.get("int_bits", int_bits(self.preset))
+        ref = self.ref(bits * knobs.get("int_scores", 1), bits * knobs.get("int_values", 1))
         rule, f = build_request(self.dec_req, knobs, preset=self.preset)
         assert rule.name == "attention_decode"
         out = tvm.runtime.tensor(np.zeros((1, self.q.shape[1]), np.float32))
         build(f, self.preset)["attention"](tvm.runtime.tensor(self.q), *self.args, tvm.runtime.tensor(DENSE),
                                            self.ctx - 1, 0, 0, 0, out)
-        return excess(out.numpy()[0], self.ref)
+        return excess(out.numpy()[0], ref)
 
 
 def _filled(plan, layer, ctx, seed, step=100):

@@ -78,11 +78,9 @@ def test_attention_decode_points(caches):
         kt, vt = data.draw(st.sampled_from(sorted(caches, key=str)), label="kv types")
         cache = caches[(kt, vt)]
         rule = select_rule(cache.dec_req, PRESET)
-        space = rule.space(cache.dec_req, PRESET, numerics=True)
-        # the NumPy model rounds as the request's int_bits say: numerics knobs stay at the request's
-        fixed = {k: space.default[k] for k in ("int_bits",)}
-        knobs = data.draw(st.sampled_from([p for p in space.points() if all(p[k] == v for k, v in fixed.items())]),
-                          label="knobs")
+        # every numerics knob too: the NumPy model rounds scores and values as int_scores, int_values and
+        # int_bits say
+        knobs = data.draw(points(rule, cache.dec_req), label="knobs")
         assert cache.excess(knobs) < 2e-4
 
     check()
