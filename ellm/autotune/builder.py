@@ -5,6 +5,8 @@ shared library for the runner (here or on an RPC server) to load.
 Workers are spawned once per builder and import TVM once (scripts that use a builder need the usual
 `if __name__ == "__main__":` guard of spawned processes); a build that raises is a result with status
 "build_error", and a job that kills its worker is found by rebuilding the unfinished jobs one by one.
+Workers die with the process that started them (Linux): a tune killed mid-build leaves no compiler
+running beside the next run's timings.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
+import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -68,10 +72,24 @@ def build_one(job: BuildJob, out_dir: str) -> Built:
         return Built(job, "build_error", None, f"{type(e).__name__}: {e}", time.perf_counter() - t0)
 
 
-def _warm() -> None:
+def _warm(parent: int) -> None:
+    _die_with(parent)
     import tvm  # noqa: F401
 
     from .. import schedules  # noqa: F401
+
+
+def _die_with(parent: int) -> None:
+    """SIGKILL this worker when the thread that spawned it exits (PR_SET_PDEATHSIG; builds are stateless). An
+    orphan would go on compiling its queued jobs for minutes, on the cores the next timing run uses."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before the request took effect
+        os._exit(1)
 
 
 class LocalBuilder:
@@ -88,7 +106,8 @@ class LocalBuilder:
             import multiprocessing as mp
 
             # spawn: a forked child would inherit TVM's thread pool in whatever state it is in
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"), initializer=_warm)
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"), initializer=_warm,
+                                             initargs=(os.getpid(),))
         return self._pool
 
     def build(self, jobs: Sequence[BuildJob]) -> list[Built]:
@@ -109,7 +128,8 @@ class LocalBuilder:
     def _alone(self, job: BuildJob) -> Built:
         import multiprocessing as mp
 
-        with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"), initializer=_warm) as pool:
+        with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"), initializer=_warm,
+                                 initargs=(os.getpid(),)) as pool:
             try:
                 return pool.submit(build_one, job, self.out_dir).result()
             except BrokenProcessPool as e:
