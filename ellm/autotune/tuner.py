@@ -192,7 +192,7 @@ def tune_model(
 
         run_opts["bandwidth_gbs"] = round(measure_read_bandwidth(n_threads).gb_s_median, 2)
         log(f"measured read bandwidth: {run_opts['bandwidth_gbs']} GB/s with {n_threads} threads")
-    vers = versions()
+    run = _Run(preset, cpu, n_threads, options.strategy, run_opts, versions(), copts.prefetch)
     with LocalBuilder(options.workers) as builder, _closing(runner):
         for i, info in enumerate(infos):
             rule = rule_by_name(info.rule)
@@ -203,8 +203,7 @@ def tune_model(
                        state=state) -> None:
                 if is_default and trial.status == "ok":
                     state["default"] = trial.seconds
-                db.append(trial_record(preset, cpu, n_threads, info, rule.name, p, trial, index, elapsed, state["default"],
-                                       options.strategy, run_opts, vers))
+                db.append(run.record(info, rule.name, p, trial, index, elapsed, state["default"]))
                 if trial.status != "ok":
                     log(f"  {info.name}: trial {index} {trial.status}: {p}: {trial.message}")
 
@@ -220,25 +219,44 @@ def tune_model(
             gain = state["default"] / best[1].seconds if state["default"] else 1.0
             log(f"  {info.name}: best {best[1].seconds * 1e6:.1f} us ({gain:.2f}x the default) {best[0]}")
             if options.confirm:
-                _confirm(db, res, rule, info, preset, cpu, n_threads, options, copts, run_opts, vers, builder, runner, log)
+                _confirm(db, run, res, rule, info, options.confirm, builder, runner, log)
     return db
 
 
-def _confirm(db, res: KernelSearch, rule, info, preset, cpu, n_threads, options, copts, run_opts, vers, builder, runner,
-             log) -> None:
-    """Re-time the search's fastest points with the default (confirm.py) and append them as confirmed records."""
-    pts = contenders(res.trials, res.default, options.confirm)
+@dataclass(frozen=True)
+class _Run:
+    """What every record of one tune run shares: the target, the CPU the trials run on (identity and compute
+    features), the thread count, the strategy, the run's options and versions, and prefetch injection."""
+
+    preset: TargetPreset
+    cpu: tuple[str, list[str]]
+    threads: int
+    strategy: str
+    options: dict
+    versions: dict
+    prefetch: bool
+
+    def record(self, info, rule: str, point: Point, trial: Trial, index: int, elapsed: float,
+               default_seconds: float) -> TuningRecord:
+        return trial_record(self.preset, self.cpu, self.threads, info, rule, point, trial, index, elapsed,
+                            default_seconds, self.strategy, self.options, self.versions)
+
+
+def _confirm(db, run: _Run, res: KernelSearch, rule, info, top: int, builder, runner, log) -> None:
+    """Re-time the search's `top` fastest points with the default (confirm.py) and append them as confirmed
+    records."""
+    pts = contenders(res.trials, res.default, top)
     if len(pts) < 2:
         return
-    done = confirm(rule, info.req, preset, pts, builder, runner, copts.prefetch)
+    done = confirm(rule, info.req, run.preset, pts, builder, runner, run.prefetch)
     if not done:
         log(f"  {info.name}: the default failed when re-timed: nothing confirmed")
         return
     default_s = done[0][1].seconds
     elapsed = res.trials[-1][2] if res.trials else 0.0
     for j, (p, t) in enumerate(done[1:]):  # the default's timings are each record's default_seconds
-        db.append(dataclasses.replace(trial_record(preset, cpu, n_threads, info, rule.name, p, t, len(res.trials) + j, elapsed,
-                                                   default_s, options.strategy, run_opts, vers), confirmed=True))
+        db.append(dataclasses.replace(run.record(info, rule.name, p, t, len(res.trials) + j, elapsed, default_s),
+                                      confirmed=True))
     won = [(p, t) for p, t in done[1:] if t.stats["wins"] == t.stats["rounds"]]
     verdict = (f"best {min(t.seconds for _, t in won) * 1e6:.1f} us, {default_s / min(t.seconds for _, t in won):.2f}x"
                if won else "no point beat it in every round: keeps its defaults")
