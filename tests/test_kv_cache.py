@@ -193,10 +193,11 @@ class FilledCache:
         rounds scores and values to the knobs' int_bits where int_scores / int_values take the integer path."""
         import tvm
 
-        bits = knobs.get("int_bits", int_bits(self.preset))
-        ref = self.ref(bits * knobs.get("int_scores", 1), bits * knobs.get("int_values", 1))
         rule, f = build_request(self.dec_req, knobs, preset=self.preset)
         assert rule.name == "attention_decode"
+        full = rule.resolve_knobs(self.dec_req, self.preset, knobs)  # the given knobs over the request's defaults
+        bits = full.get("int_bits", 0)  # no integer path on this class: float scores and values
+        ref = self.ref(bits * full.get("int_scores", 0), bits * full.get("int_values", 0))
         out = tvm.runtime.tensor(np.zeros((1, self.q.shape[1]), np.float32))
         build(f, self.preset)["attention"](tvm.runtime.tensor(self.q), *self.args, tvm.runtime.tensor(DENSE),
                                            self.ctx - 1, 0, 0, 0, out)
