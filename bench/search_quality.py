@@ -2,7 +2,8 @@
 
 Phase 1 measures each kernel's landscape on this machine with the tuner's own builder and runner: every
 point of its speed-search space where it has at most --sweep points, else --sweep distinct random points
-(the default always among them). Every measurement is appended to a tuning database (strategy "sweep").
+(the default always among them), measured in random order. Every measurement is appended to a tuning
+database (strategy "sweep"); a sweep interrupted resumes from it.
 The sweep's fastest points are then re-timed, alternating, and keep the median of all their timings: the
 minimum of hundreds of noisy timings is biased low, and a strategy would be judged against that luck.
 Each kernel's landscape (point, seconds) is written to --landscapes; --replay reads one instead of measuring.
@@ -17,6 +18,7 @@ sweep's best. Replays make many seeds cheap; the times they read are real measur
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import statistics
@@ -48,23 +50,43 @@ def sweep_points(space: Space, n: int, seed: int) -> list[dict]:
     return [space.default] + rng.sample(rest, n - 1)
 
 
-def measure_landscape(info, preset, points, builder, runner, db, host, threads, log) -> dict:
-    """key -> seconds (None: failed) for every point, measured here, in grid order (the default first)."""
+def measure_landscape(info, preset, points, builder, runner, db, host, threads, wl, log) -> dict:
+    """key -> seconds (None: failed) for every point, measured here in random order (the default first):
+    in grid order, the VM's drifting bandwidth would correlate with the knobs. Points this host measured
+    for this kernel in an earlier sweep into `db` (same threads, workload and compile options) are kept,
+    so an interrupted sweep resumes."""
     rule = rule_by_name(info.rule)
     space = restricted(rule.space(info.req, preset), {Space.key(p) for p in points}, "chosen for the sweep")
-    opts = TuneOptions("grid", trials=len(points), batch=8, patience=None)
-    table: dict = {}
+    run_opts = {"workload": dataclasses.asdict(wl)}
+    done = [(p, t) for p, t in sweep_trials(db, preset, host, threads, info, rule, run_opts) if space.valid(p)]
+    if done:
+        log(f"  {len(done)} points measured by an earlier sweep into {db.path}: resuming")
+    opts = TuneOptions("random", trials=len(points) + 1, batch=8, patience=None)  # +1: a resumed run re-times the default
+    table: dict = {space.key(p): (t.seconds if t.status == "ok" else None) for p, t in done}
     default_s = [0.0]
 
     def on_trial(p, trial, index, elapsed, is_default):
         if is_default and trial.status == "ok":
             default_s[0] = trial.seconds
+        if index < len(done):
+            return  # resumed: in the database already
         table[space.key(p)] = trial.seconds if trial.status == "ok" else None
-        db.append(trial_record(preset, (host.identity, host.compute_flags), threads, info, rule.name, p, trial, index, elapsed, default_s[0], "sweep"))
+        db.append(trial_record(preset, (host.identity, host.compute_flags), threads, info, rule.name, p, trial, index,
+                               elapsed, default_s[0], "sweep", run_opts))
 
-    search_kernel(info.name, rule, info.req, preset, opts, builder, runner, on_trial, log=log,
-                  strategy=STRATEGIES["grid"](space))
+    search_kernel(info.name, rule, info.req, preset, opts, builder, runner, on_trial, done=done, log=log,
+                  strategy=STRATEGIES["random"](space, seed=1))
     return table
+
+
+def sweep_trials(db, preset, host, threads, info, rule, run_opts: dict) -> list:
+    """(point, trial) of this kernel's sweep records measured on this host with `threads` and this workload."""
+    from ellm.autotune.runner import Trial
+
+    return [(dict(r.knobs), Trial(r.status, r.seconds if r.status == "ok" else None, dict(r.stats), r.message))
+            for r in db.trials()
+            if r.strategy == "sweep" and r.options.get("workload") == run_opts["workload"]
+            and (r.target, r.cpu, r.threads, r.kernel, r.rule) == (preset.name, host.identity, threads, info.name, rule.name)]
 
 
 def retime_top(info, preset, points, table: dict, builder, runner, top: int, rounds: int, log) -> None:
@@ -148,7 +170,7 @@ def main(argv=None) -> int:
             else:
                 pts = sweep_points(space, a.sweep, 0)
                 log(f"{info.name} ({rule.name}): sweeping {len(pts)} of {len(space)} points")
-                table = measure_landscape(info, preset, pts, builder, runner, db, host, threads, log)
+                table = measure_landscape(info, preset, pts, builder, runner, db, host, threads, wl, log)
                 if any(t is not None for t in table.values()):
                     retime_top(info, preset, pts, table, builder, runner, a.retime, 3, log)
                 swept, sweep_s = len(pts), time.time() - t0
