@@ -33,14 +33,13 @@ def main() -> None:
     a = ap.parse_args()
     overrides = _parse_knobs(a.knob)
 
-    import tvm
-
     from ellm.autotune.measure import Workload, argument_sets, inputs, kv_read_bytes, kv_steps, last_level_cache, time_calls
     from ellm.autotune.runner import call_bytes
     from ellm.bench.bandwidth import measure_read_bandwidth
     from ellm.compiler.build import CompileOptions, build_graph
     from ellm.compiler.gguf_file import GGUFFile
     from ellm.compiler.lower import lower
+    from ellm.compiler.tir_pipeline import compile_tir
     from ellm.config import ModelConfig
     from ellm.models import resolve_model
     from ellm.runtime.threads import set_threads
@@ -76,7 +75,7 @@ def main() -> None:
     rows = []
     for k in step:
         func = lower_rule_build(k, preset, overrides.get(k.rule)).with_attr("global_symbol", "kernel")
-        ex = tvm.compile(func, target=preset.tvm_target())
+        ex = compile_tir(func, preset)
         args = inputs(func, k.req, wl, np.random.default_rng(0))
         nbytes = call_bytes(func, k.req, args, wl)
         # decode: weights and the KV cache read cold (measure.py); the KV cache's layers stepped through

@@ -12,6 +12,7 @@ import pytest
 import tvm
 
 from ellm.compiler.graph import OpKind, TensorType
+from ellm.compiler.tir_pipeline import compile_tir
 from ellm.schedules import KernelRequest, select_rule  # noqa: F401  (re-exported for tests)
 from ellm.targets import IsaClass, detect_host, get_preset, preset_for_host
 
@@ -43,12 +44,12 @@ def isa_params(*classes: IsaClass):
 
 
 def build(func, preset=None):
-    return tvm.compile(func, target=(preset or PRESET).tvm_target())
+    return compile_tir(func, preset or PRESET)
 
 
 def asm(func, preset) -> str:
     """The assembly of `func` compiled for `preset` (any preset: nothing runs)."""
-    return tvm.compile(func, target=preset.tvm_target()).mod.inspect_source("asm")
+    return compile_tir(func, preset).mod.inspect_source("asm")
 
 
 def run(ex, *arrays, scalars=(), name="main"):

@@ -17,10 +17,10 @@ from kernels import PRESET, candidates
 from synthetic import write_model
 from test_schedule_knobs import REQUESTS
 
-import tvm
 from ellm.autotune import TuningDatabase
 from ellm.autotune.tuner import TuneOptions, Workload, tune_model
 from ellm.compiler.build import CompileOptions
+from ellm.compiler.tir_pipeline import compile_tir
 from ellm.schedules import RULES, rule_by_name, select_rule
 
 
@@ -31,7 +31,7 @@ def _decode(name):
 
 def _asm(rule, req, preset, knobs) -> str:
     func = rule.build_kernel(req, preset, knobs)
-    return tvm.compile(func.with_attr("global_symbol", "k"), target=preset.tvm_target()).mod.inspect_source("asm")
+    return compile_tir(func.with_attr("global_symbol", "k"), preset).mod.inspect_source("asm")
 
 
 @pytest.mark.parametrize("name", ["attention_input", "int_ffn"])

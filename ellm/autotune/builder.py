@@ -54,8 +54,7 @@ def build_one(job: BuildJob, out_dir: str) -> Built:
     """Build, compile and export one candidate (runs in a worker, or inline)."""
     t0 = time.perf_counter()
     try:
-        import tvm
-
+        from ..compiler.tir_pipeline import compile_tir
         from ..schedules import rule_by_name
         from ..targets import get_preset
         from .features import tir_features
@@ -64,7 +63,7 @@ def build_one(job: BuildJob, out_dir: str) -> Built:
         knobs = rule.resolve_knobs(job.req, preset, job.knobs)
         feats = tir_features(rule.build(job.req, preset, knobs))
         func = rule.build_kernel(job.req, preset, knobs, prefetch=job.prefetch)
-        ex = tvm.compile(func.with_attr("global_symbol", "kernel"), target=preset.tvm_target())
+        ex = compile_tir(func.with_attr("global_symbol", "kernel"), preset)
         path = os.path.join(out_dir, f"{job.digest()}.so")
         ex.export_library(path)
         return Built(job, "ok", path, "", time.perf_counter() - t0, feats)

@@ -213,9 +213,9 @@ def last_level_cache() -> int:
 def time_kernel(func, req: KernelRequest, target, wl: Workload, cold: bool | None = None) -> float:
     """Median seconds per call of one kernel (a PrimFunc as `Rule.build_kernel` returns it); `cold` defaults
     to whether the kernel takes one token."""
-    import tvm
+    from ..compiler.tir_pipeline import compile_tir
 
-    ex = tvm.compile(func.with_attr("global_symbol", "kernel"), target=target.tvm_target())
+    ex = compile_tir(func.with_attr("global_symbol", "kernel"), target)
     return time_function(ex["kernel"], func, req, wl, cold)
 
 

@@ -69,6 +69,7 @@ def measure_read_bandwidth(threads: int, size_mb: int | None = None, repeats: in
     """Streaming read GB/s (1e9 bytes/s) over a `size_mb` MiB buffer (default: `buffer_mb` of this host's L3)."""
     import tvm
 
+    from ..compiler.tir_pipeline import compile_tir
     from ..runtime.threads import set_threads
     from ..targets import detect_host, resolve_target
 
@@ -82,7 +83,7 @@ def measure_read_bandwidth(threads: int, size_mb: int | None = None, repeats: in
     out = tvm.runtime.tensor(np.zeros((tasks, LANES), np.float32))
     best = None
     for pf in PREFETCH_BYTES:
-        ex = tvm.compile(read_kernel(n, tasks, pf), target=preset.tvm_target())
+        ex = compile_tir(read_kernel(n, tasks, pf), preset)
         ex["read_bw"](a, out)  # warm-up: page in
         if not np.allclose(out.numpy().sum(), n):
             raise AssertionError("bandwidth kernel summed wrong")

@@ -17,6 +17,7 @@ from .inspect import decode_weight_bytes
 from .lower import Lowered, lower
 from .pass_context import ACTIVATIONS, KVOptions, PassContext, auto_activations
 from .pipeline import enabled_passes, run_pipeline
+from .tir_pipeline import compile_tir
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,6 @@ class TargetBuild:
 def compile_target(graphs: tuple[Graph, Graph], options: TargetOptions, preset: TargetPreset, knob_lookup=None,
                    log: Callable[[str], None] = lambda s: None) -> TargetBuild:
     """`graphs`: build_graph's (imported, optimised) graphs for this target."""
-    import tvm
     from tvm import relax
 
     timings = {}
@@ -103,7 +103,7 @@ def compile_target(graphs: tuple[Graph, Graph], options: TargetOptions, preset: 
     lowered = lower(g, preset, knob_lookup, max_chunk=options.max_chunk, prefetch=options.prefetch)
     timings["lower"] = time.perf_counter() - t
     t = time.perf_counter()
-    executable = tvm.compile(lowered.mod, target=preset.tvm_target(), relax_pipeline=relax.pipeline.default_build_pipeline())
+    executable = compile_tir(lowered.mod, preset, relax_pipeline=relax.pipeline.default_build_pipeline())
     timings["tvm_compile"] = time.perf_counter() - t
     log(f"target {preset.name} ({preset.isa.label if preset.isa else 'float'}): "
         f"compiled {len(lowered.kernels)} kernels in {timings['tvm_compile']:.1f}s")
