@@ -50,42 +50,45 @@ def sweep_points(space: Space, n: int, seed: int) -> list[dict]:
     return [space.default] + rng.sample(rest, n - 1)
 
 
-def measure_landscape(info, preset, points, builder, runner, db, host, threads, wl, log) -> dict:
-    """key -> seconds (None: failed) for every point, measured here in random order (the default first):
-    in grid order, the VM's drifting bandwidth would correlate with the knobs. Points this host measured
-    for this kernel in an earlier sweep into `db` (same threads, workload and compile options) are kept,
-    so an interrupted sweep resumes."""
+def measure_landscape(info, preset, points, builder, runner, db, host, threads, wl, log) -> tuple[dict, int]:
+    """(key -> seconds (None: failed) for every point, how many came from an earlier run). Points are
+    measured in random order (the default first): in grid order, the VM's drifting bandwidth would
+    correlate with the knobs. Points this host measured
+    for this kernel in an earlier sweep into `db` (same threads, workload, eLLM and TVM versions) are kept,
+    so an interrupted sweep resumes; the default is measured again in every run."""
     rule = rule_by_name(info.rule)
     space = restricted(rule.space(info.req, preset), {Space.key(p) for p in points}, "chosen for the sweep")
     run_opts = {"workload": dataclasses.asdict(wl)}
-    done = [(p, t) for p, t in sweep_trials(db, preset, host, threads, info, rule, run_opts) if space.valid(p)]
+    latest = {space.key(p): (p, t) for p, t in sweep_trials(db, preset, host, threads, info, rule, run_opts)
+              if space.valid(p)}  # a point measured by several runs (the default): its latest time
+    done = list(latest.values())
     if done:
         log(f"  {len(done)} points measured by an earlier sweep into {db.path}: resuming")
-    opts = TuneOptions("random", trials=len(points) + 1, batch=8, patience=None)  # +1: a resumed run re-times the default
+    opts = TuneOptions("random", trials=len(done) + len(points), batch=8, patience=None)  # stops when none are left
     table: dict = {space.key(p): (t.seconds if t.status == "ok" else None) for p, t in done}
     default_s = [0.0]
 
     def on_trial(p, trial, index, elapsed, is_default):
         if is_default and trial.status == "ok":
             default_s[0] = trial.seconds
-        if index < len(done):
-            return  # resumed: in the database already
         table[space.key(p)] = trial.seconds if trial.status == "ok" else None
         db.append(trial_record(preset, (host.identity, host.compute_flags), threads, info, rule.name, p, trial, index,
                                elapsed, default_s[0], "sweep", run_opts))
 
     search_kernel(info.name, rule, info.req, preset, opts, builder, runner, on_trial, done=done, log=log,
                   strategy=STRATEGIES["random"](space, seed=1))
-    return table
+    return table, len(done)
 
 
 def sweep_trials(db, preset, host, threads, info, rule, run_opts: dict) -> list:
-    """(point, trial) of this kernel's sweep records measured on this host with `threads` and this workload."""
+    """(point, trial) of this kernel's sweep records measured on this host with `threads`, this workload and
+    these eLLM and TVM versions, oldest first."""
+    from ellm.autotune.database import versions
     from ellm.autotune.runner import Trial
 
     return [(dict(r.knobs), Trial(r.status, r.seconds if r.status == "ok" else None, dict(r.stats), r.message))
             for r in db.trials()
-            if r.strategy == "sweep" and r.options.get("workload") == run_opts["workload"]
+            if r.strategy == "sweep" and r.options.get("workload") == run_opts["workload"] and r.versions == versions()
             and (r.target, r.cpu, r.threads, r.kernel, r.rule) == (preset.name, host.identity, threads, info.name, rule.name)]
 
 
@@ -170,11 +173,12 @@ def main(argv=None) -> int:
             else:
                 pts = sweep_points(space, a.sweep, 0)
                 log(f"{info.name} ({rule.name}): sweeping {len(pts)} of {len(space)} points")
-                table = measure_landscape(info, preset, pts, builder, runner, db, host, threads, wl, log)
+                table, resumed = measure_landscape(info, preset, pts, builder, runner, db, host, threads, wl, log)
                 if any(t is not None for t in table.values()):
                     retime_top(info, preset, pts, table, builder, runner, a.retime, 3, log)
                 swept, sweep_s = len(pts), time.time() - t0
-                landscapes["kernels"][info.name] = {"rule": rule.name, "sweep_s": sweep_s,
+                # sweep_s: this run's time; `resumed` points were measured by earlier ones
+                landscapes["kernels"][info.name] = {"rule": rule.name, "sweep_s": sweep_s, "resumed": resumed,
                                                     "points": [[p, table[space.key(p)]] for p in pts]}
                 if a.landscapes:
                     atomic_write_text(a.landscapes, json.dumps(landscapes))

@@ -22,9 +22,9 @@ class _Names:
         self.names.append(info.name)
 
 
-def _passes(func, preset, ours: bool) -> list[str]:
+def _passes(func, preset, ours: bool, config=None) -> list[str]:
     rec = _Names()
-    with tvm.transform.PassContext(opt_level=3, instruments=[rec]):
+    with tvm.transform.PassContext(opt_level=3, instruments=[rec], config=config or {}):
         if ours:
             compile_tir(func, preset)
         else:
@@ -36,12 +36,17 @@ def _strip(asm: str) -> str:
     return "\n".join(line for line in asm.splitlines() if not line.strip().startswith((".file", ".ident", "#")))
 
 
+SWITCHES = [{}, {"tirx.disable_vectorize": True}, {"tirx.disable_storage_rewrite": True},
+            {"tirx.instrument_bound_checkers": True}, {"tirx.disable_cse_tir": True}]
+
+
+@pytest.mark.parametrize("config", SWITCHES, ids=lambda c: next(iter(c), "default"))
 @pytest.mark.parametrize("name", ["vnni_gemv", "rmsnorm"])
-def test_pass_list_is_tvms(name):
+def test_pass_list_is_tvms(name, config):
     """vnni_gemv is written with the IRBuilder (no blocks: compaction skipped), rmsnorm with TE (compacted)."""
     req, preset = REQUESTS[name]
     _, func = build_request(req, None, preset)
-    theirs, ours = _passes(func, preset, ours=False), _passes(func, preset, ours=True)
+    theirs, ours = _passes(func, preset, False, config), _passes(func, preset, True, config)
     assert theirs.count(TVM_COMPACT) == 1 and ours.count(OURS_COMPACT) == 1
     blocks = name == "rmsnorm"
     assert ours.count(TVM_COMPACT) == int(blocks)
