@@ -8,10 +8,9 @@ from __future__ import annotations
 import functools
 
 import pytest
-from kernels import build_request, matmul_request
+from kernels import asm, build_request, matmul_request
 
 from ellm.compiler.graph import OpKind, TensorType
-from ellm.compiler.tir_pipeline import compile_tir
 from ellm.quant import QuantType
 from ellm.kv.plan import KVPlan, KVType
 from ellm.schedules import RULES, KernelRequest, select_rule
@@ -96,7 +95,7 @@ def _asm_of(name: str, knobs: tuple) -> str:
     req, preset = REQUESTS[name]
     built, func = build_request(req, dict(knobs), preset)
     assert built.name == name
-    return compile_tir(func, preset).mod.inspect_source("asm")
+    return asm(func, preset)
 
 
 def _asm(rule, knobs) -> str:

@@ -13,14 +13,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from kernels import PRESET, candidates
+from kernels import PRESET, asm, candidates
 from synthetic import write_model
 from test_schedule_knobs import REQUESTS
 
 from ellm.autotune import TuningDatabase
 from ellm.autotune.tuner import TuneOptions, Workload, tune_model
 from ellm.compiler.build import CompileOptions
-from ellm.compiler.tir_pipeline import compile_tir
 from ellm.schedules import RULES, rule_by_name, select_rule
 
 
@@ -31,7 +30,7 @@ def _decode(name):
 
 def _asm(rule, req, preset, knobs) -> str:
     func = rule.build_kernel(req, preset, knobs)
-    return compile_tir(func.with_attr("global_symbol", "k"), preset).mod.inspect_source("asm")
+    return asm(func.with_attr("global_symbol", "k"), preset)
 
 
 @pytest.mark.parametrize("name", ["attention_input", "int_ffn"])
