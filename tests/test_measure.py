@@ -113,3 +113,28 @@ def test_cold_weights_and_kv_layers_pair_up_rather_than_multiply():
         assert len(sets) == max(copies, layers)
         assert sorted({s[li] for s in sets}) == list(range(layers))
         assert len({id(s[w]) for s in sets}) == min(copies, len(sets))
+
+
+def test_a_new_bench_discards_a_warm_up_timing_before_its_first():
+    from kernels import build
+
+    from ellm.autotune.runner import WARMUP_PASSES, KernelBench
+
+    req = matmul_request(QuantType.Q4_1, 256, 512, m=1, layout="tile16", act_bits=8)
+    rule = select_rule(req, PRESET)
+    bench = KernelBench(rule.name, req, PRESET.name, Workload())
+    kernel = build(_func(req).with_attr("global_symbol", "main"))["main"]
+    calls = []
+
+    def counted(*args):
+        calls.append(1)
+        kernel(*args)
+
+    first = bench.time(counted)
+    n_first = len(calls)
+    bench.time(counted)
+    n_later = len(calls) - n_first
+    assert first["passes"] == 3 and first["median"] > 0
+    # a timing: one untimed pass over the sets, then 3 timed passes; the first adds WARMUP_PASSES more
+    per_pass = (n_later - len(bench.sets)) // 3
+    assert n_first - n_later == len(bench.sets) + WARMUP_PASSES * per_pass
