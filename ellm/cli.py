@@ -221,14 +221,16 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
     log = lambda s: print(s, file=sys.stderr)  # noqa: E731
     artifact = Path(a.artifact) if a.artifact else cached_artifact(log=log)
+    vs = a.vs.lower() if a.vs else None
+    if vs not in (None, "llama.cpp"):
+        raise EllmError(f"--vs supports llama.cpp, not {a.vs!r}")
     model = Path(a.model) if a.model else resolve_model(None)
     if a.artifact and not a.model:
         source = Artifact.open(artifact, verify=False).manifest["source"]["file"]
         if source != model.name:
-            raise EllmError(f"the artifact was compiled from {source}; pass --model with that GGUF for llama.cpp")
-    vs = a.vs.lower() if a.vs else None
-    if vs not in (None, "llama.cpp"):
-        raise EllmError(f"--vs supports llama.cpp, not {a.vs!r}")
+            if vs:
+                raise EllmError(f"the artifact was compiled from {source}; pass --model with that GGUF for llama.cpp")
+            model = Path(source)  # only eLLM runs: the GGUF itself is not read, its name labels the report
     split = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
     flash = [{"on": True, "off": False}[f] if f in ("on", "off") else _bad_flash(f) for f in split(a.llama_fa)]
     llama = llama_configs(split(a.llama_build), split(a.llama_kv), flash) if vs else ()

@@ -51,3 +51,25 @@ def test_bench_alternates_compared_artifacts_and_reports_their_ratio(artifact, m
     (q,) = report["artifact_ratios"]
     rates = {r["system"]: r["decode_tok_s"] for r in report["rows"]}
     assert q["system"] == "ellm[tuned]" and abs(q["decode_ratio"] - rates["ellm[tuned]"] / rates["ellm"]) < 1e-9
+
+
+def test_bench_of_another_models_artifact_needs_its_gguf_only_for_llama_cpp(tmp_path, monkeypatch, capsys):
+    """An artifact compiled from another GGUF benches without --model (the report names its source); only
+    --vs llama.cpp, which runs that GGUF, asks for it."""
+    import json
+
+    from ellm import cli
+    from ellm.bench import runner
+    from ellm.runtime.artifact import Artifact
+
+    class Other:
+        manifest = {"source": {"file": "llama-1b.gguf"}}
+
+    seen = []
+    monkeypatch.setattr(Artifact, "open", classmethod(lambda cls, path, verify=True: Other()))
+    monkeypatch.setattr(runner, "run_bench", lambda cfg, log=None: seen.append(cfg) or {"model": cfg.model.name})
+    assert cli.main(["bench", str(tmp_path), "--json"]) == 0
+    (cfg,) = seen
+    assert cfg.model.name == "llama-1b.gguf" and json.loads(capsys.readouterr().out) == {"model": "llama-1b.gguf"}
+    assert cli.main(["bench", str(tmp_path), "--vs", "llama.cpp"]) == 2
+    assert "pass --model with that GGUF for llama.cpp" in capsys.readouterr().err and len(seen) == 1
