@@ -86,7 +86,7 @@ def sweep_trials(db, preset, host, threads, info, rule, run_opts: dict) -> list:
     from ellm.autotune.database import versions
     from ellm.autotune.runner import Trial
 
-    return [(dict(r.knobs), Trial(r.status, r.seconds if r.status == "ok" else None, dict(r.stats), r.message))
+    return [(dict(r.knobs), Trial.from_record(r))
             for r in db.trials()
             if r.strategy == "sweep" and r.options.get("workload") == run_opts["workload"] and r.versions == versions()
             and (r.target, r.cpu, r.threads, r.kernel, r.rule) == (preset.name, host.identity, threads, info.name, rule.name)]

@@ -32,6 +32,11 @@ class Trial:
     message: str = ""
     runner: str = "local"  # where it ran: local, or rpc:<key>@<server>
 
+    @classmethod
+    def from_record(cls, r) -> "Trial":
+        """The trial a database record (`TuningRecord`) holds, for a search to resume from or a sweep to replay."""
+        return cls(r.status, r.seconds if r.status == "ok" else None, dict(r.stats), r.message)
+
 
 def mismatch(got: list[np.ndarray], want: list[np.ndarray]) -> str:
     """'' when every buffer matches, else which one differs and by how much."""

@@ -299,7 +299,7 @@ def _earlier(db: TuningDatabase, preset, cpu: str, threads: int, info, rule, run
     same = lambda r: (r.options.get("workload"), r.options.get("compile")) == (run_opts["workload"], run_opts["compile"])  # noqa: E731
     for r in db.trials():
         if (r.target, r.cpu, r.threads, r.kernel, r.rule) == (preset.name, cpu, threads, info.name, rule.name) and same(r):
-            out.append((dict(r.knobs), Trial(r.status, r.seconds if r.status == "ok" else None, dict(r.stats), r.message)))
+            out.append((dict(r.knobs), Trial.from_record(r)))
     return out
 
 
