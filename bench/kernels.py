@@ -4,15 +4,17 @@ bandwidth (decode) or as multiply-accumulates per second (prefill).
     python bench/kernels.py [--model GGUF] [--ctx 512] [--tokens T] [--threads N] [--target PRESET] [--json FILE]
 
 Every kernel of the one-token entry (or, with --tokens, of the prefill entry at T tokens) is compiled alone
-and called with its real shapes, by the tuner's timing harness (ellm/autotune/measure.py): weights rotate
-through copies totalling twice the last-level cache, as in a step, where each layer's weights come from
-DRAM. The KV cache has `ctx` tokens. Times include the Python call (~1 us). The table ends with the sum
-over one step (calls x time).
+and called with its real shapes, by the tuner's timing harness (ellm/autotune/measure.py): weights and KV
+blocks rotate through copies until a pass reads what one decode step reads at `ctx` (the reuse distance a
+step gives each byte; at most four times the last-level cache), or with --cold four times the last-level
+cache whatever the step. Times include the Python call (~1 us). The table ends with the sum over one step
+(calls x time), to set beside the decode rate `ellm bench` measures.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from collections import Counter
 
@@ -29,11 +31,15 @@ def main() -> None:
     ap.add_argument("--knob", action="append", default=[], metavar="RULE.KNOB=VALUE",
                     help="override a knob of one rule's kernels (repeatable), e.g. attention_input.passes=4")
     ap.add_argument("--activations", default="auto", help="as `ellm compile --activations`")
+    ap.add_argument("--cold", action="store_true",
+                    help="rotate one-token kernels' bytes through 4x the last-level cache, not the step's reuse distance")
     ap.add_argument("--json")
     a = ap.parse_args()
     overrides = _parse_knobs(a.knob)
 
-    from ellm.autotune.measure import Workload, argument_sets, inputs, kv_read_bytes, kv_steps, last_level_cache, time_calls
+    from ellm.autotune.measure import (Workload, argument_sets, inputs, kv_read_bytes, kv_steps, last_level_cache, reuse_bytes,
+                                       time_calls)
+    from ellm.autotune.tuner import model_workload
     from ellm.autotune.runner import call_bytes
     from ellm.bench.bandwidth import measure_read_bandwidth
     from ellm.compiler.build import CompileOptions, build_graph
@@ -69,18 +75,20 @@ def main() -> None:
         raise SystemExit(f"--knob: no kernel of this step uses rule {', '.join(sorted(unknown))} "
                          f"(rules: {', '.join(sorted({k.rule for k in step}))})")
     bw = measure_read_bandwidth(a.threads)
-    llc = last_level_cache()
     set_threads(a.threads)
-    wl = Workload(tokens=max(1, a.tokens), ctx=a.ctx, layers=cfg.n_layers)
+    wl = Workload(tokens=max(1, a.tokens), ctx=a.ctx)
+    wl = dataclasses.replace(wl, layers=cfg.n_layers) if a.cold else model_workload(wl, cfg, g, lowered.kernels)
+    reuse = 0 if prefill else reuse_bytes(wl, last_level_cache())
     rows = []
     for k in step:
         func = lower_rule_build(k, preset, overrides.get(k.rule)).with_attr("global_symbol", "kernel")
         ex = compile_tir(func, preset)
         args = inputs(func, k.req, wl, np.random.default_rng(0))
         nbytes = call_bytes(func, k.req, args, wl)
-        # decode: weights and the KV cache read cold (measure.py); the KV cache's layers stepped through
-        sets = argument_sets(func, args, not prefill, llc, kv_steps(k.req, wl.layers), kv_read_bytes(k.req, wl))
+        # decode: weights and the KV cache read at the step's reuse distance (measure.py), its layers stepped through
+        sets = argument_sets(func, args, reuse, kv_steps(k.req, wl.layers), kv_read_bytes(k.req, wl))
         sec = time_calls(ex["kernel"], sets, 1 if prefill else 100)
+        del sets  # up to a quarter of the memory (measure.COPY_MEMORY_SHARE): freed before the next kernel's
         row = {"kernel": k.name, "rule": k.rule, "calls_per_step": calls[k.name], "us": sec * 1e6}
         if prefill:
             macs = _macs(k.req, a.tokens)
@@ -92,9 +100,10 @@ def main() -> None:
         rows.append(row)
     step_us = sum(r["us"] * r["calls_per_step"] for r in rows)
     report = {"host": detect_host().record(), "bandwidth_gb_s": bw.gb_s_median, "threads": a.threads, "ctx": a.ctx,
-              "tokens": a.tokens, "target": preset.name, "kernels": rows, "sum_over_step_us": step_us}
+              "tokens": a.tokens, "step_bytes": wl.step_bytes, "reuse_bytes": reuse, "target": preset.name, "kernels": rows, "sum_over_step_us": step_us}
     what = f"prefill chunk of {a.tokens} tokens" if prefill else "decode step"
-    print(f"read bandwidth {bw.gb_s_median:.1f} GB/s, {a.threads} threads, KV context {a.ctx}, target {preset.name}, {what}")
+    print(f"read bandwidth {bw.gb_s_median:.1f} GB/s, {a.threads} threads, KV context {a.ctx}, target {preset.name}, {what}"
+          + ("" if prefill else f", bytes reread after {reuse / 1e6:.0f} MB"))
     if prefill:
         print(f"{'kernel':44s} {'rule':18s} {'calls':>5s} {'us/call':>9s} {'GMAC/s':>7s} {'% step':>7s}")
         for r in rows:

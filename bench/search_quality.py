@@ -29,7 +29,7 @@ from pathlib import Path
 from ellm.autotune import STRATEGIES, LocalBuilder, LocalRunner, TuneOptions, TuningDatabase
 from ellm.autotune.measure import Workload
 from ellm.autotune.replay import Landscape, best_so_far, restricted
-from ellm.autotune.tuner import make_strategy, search_kernel, trial_record, tunable_kernels
+from ellm.autotune.tuner import lowered_model, make_strategy, model_workload, search_kernel, trial_record, tunable
 from ellm.compiler.build import CompileOptions
 from ellm.fsutil import atomic_write_text
 from ellm.runtime.threads import set_threads
@@ -145,11 +145,12 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     preset = resolve_target(a.target)
-    cfg, infos = tunable_kernels(a.model, preset, CompileOptions(target=preset.name), a.kernels)
+    cfg, g, lowered = lowered_model(a.model, preset, CompileOptions(target=preset.name))
+    infos = tunable(lowered, a.kernels)
     host = detect_host()
     threads = a.threads or host.logical_cpus
     set_threads(threads)
-    wl = Workload(ctx=a.ctx, layers=cfg.n_layers)
+    wl = model_workload(Workload(ctx=a.ctx), cfg, g, lowered)
     db = TuningDatabase.open(a.db)
     log = lambda s: print(s, file=sys.stderr)  # noqa: E731
     out = {"host": host.record(), "target": preset.name, "threads": threads, "trials": a.trials, "seeds": a.seeds, "kernels": []}

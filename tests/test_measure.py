@@ -1,17 +1,24 @@
-"""The timing harness shared by the tuner and bench/kernels.py: one-token kernels see their weights cold,
-chunks hot, and kernels that read the KV cache step through its layers."""
+"""The timing harness shared by the tuner and bench/kernels.py: one-token kernels reread their bytes after
+what a decode step reads (cold where the step is unknown or larger than the caches), chunks hot, and kernels
+that read the KV cache step through its layers."""
 
 from __future__ import annotations
 
-import numpy as np
 import dataclasses
+import json
 
+import numpy as np
 from kernels import PRESET, matmul_request, select_rule
 from kvcache import cache_attrs
+from synthetic import write_model
 from test_schedule_knobs import REQUESTS
 
 from ellm.autotune.measure import (COLD_CACHES, COPY_MEMORY_SHARE, WEIGHTS, Workload, argument_sets, inputs, kv_read_bytes,
-                                   kv_steps, param_names, streamed, weight_bytes)
+                                   kv_steps, param_names, reuse_bytes, streamed, weight_bytes)
+from ellm.autotune.tuner import lowered_model, model_workload
+from ellm.compiler.build import CompileOptions
+from ellm.compiler.inspect import inspect_model
+from ellm.runtime.hugepages import HUGE
 from ellm.kv.plan import KVPlan, KVType
 from ellm.quant import QuantType
 
@@ -28,11 +35,35 @@ def test_cold_weights_rotate_through_several_times_the_cache():
     nbytes = weight_bytes(func, args)
     assert nbytes > 0
     llc = 64 * nbytes
-    sets = argument_sets(func, args, cold=True, llc=llc)
+    sets = argument_sets(func, args, reuse_bytes(Workload(), llc))
     assert len(sets) * nbytes >= COLD_CACHES * llc
     w = [i for i, n in enumerate(param_names(func)) if n.startswith("w_")][0]
     assert len({id(s[w]) for s in sets}) == len(sets)  # each set its own copy of the weights
-    assert len(argument_sets(func, args, cold=False, llc=llc)) == 1
+    assert len(argument_sets(func, args, 0)) == 1
+    # the copies lie one after another on 2 MiB pages, as the engine holds its weights
+    starts = [np.from_dlpack(s[w]).ctypes.data for s in sets]
+    assert starts[0] % HUGE == 0 and all(b > a for a, b in zip(starts, starts[1:]))
+    assert all(np.array_equal(np.from_dlpack(s[w]), args[w].numpy()) for s in sets)
+
+
+def test_bytes_are_reread_after_what_a_decode_step_reads():
+    llc = 1 << 20
+    assert reuse_bytes(Workload(step_bytes=3 * llc), llc) == 3 * llc
+    assert reuse_bytes(Workload(step_bytes=100 * llc), llc) == COLD_CACHES * llc  # cold by then
+    assert reuse_bytes(Workload(), llc) == COLD_CACHES * llc  # no model: cold
+
+
+def test_a_decode_step_reads_every_weight_and_the_kv_blocks_of_every_layer(tmp_path):
+    """At a context whose blocks are all read, the step's bytes are `ellm inspect`'s weight bytes per token
+    and its KV bytes per token times the context; at a long one, the sparse selection reads less."""
+    model = write_model(tmp_path / "m.gguf", n_layers=3)
+    info = json.loads(inspect_model(model, as_json=True))
+    cfg, g, lowered = lowered_model(model, PRESET, CompileOptions())
+    wl = model_workload(Workload(ctx=256), cfg, g, lowered)
+    assert wl.layers == 3
+    assert wl.step_bytes == info["decode_weight_bytes_per_token"] + info["kv_bytes_per_token"] * 256
+    long = model_workload(Workload(ctx=16384), cfg, g, lowered).step_bytes
+    assert wl.step_bytes < long < info["decode_weight_bytes_per_token"] + info["kv_bytes_per_token"] * 16384
 
 
 def _attention_func(req):
@@ -51,7 +82,7 @@ def test_kernels_that_read_the_cache_step_through_its_layers():
     steps = kv_steps(req)
     assert steps == [{"layer": 0, "kslot": 0, "vslot": 0}, {"layer": 1, "kslot": 1, "vslot": 1}]
     read = kv_read_bytes(req, wl)
-    sets = argument_sets(func, args, cold=True, llc=1 << 20, steps=steps, read=read)
+    sets = argument_sets(func, args, COLD_CACHES << 20, steps=steps, read=read)
     assert sorted({s[li] for s in sets}) == [0, 1]
     # one-token attention reads its cache cold: copies of the whole cache, each read layer by layer, until a
     # pass reads COLD_CACHES x the cache of what the calls read, and no (copy, layer) slice twice in a pass
@@ -60,10 +91,10 @@ def test_kernels_that_read_the_cache_step_through_its_layers():
     copies = -(-COLD_CACHES * (1 << 20) // (read * 2))
     assert copies > 1 and len(sets) == copies * 2
     assert len({(id(s[rot[0]]), s[li]) for s in sets}) == len(sets)
-    assert len(argument_sets(func, args, cold=False, llc=1 << 20, steps=steps, read=read)) == 2
+    assert len(argument_sets(func, args, 0, steps=steps, read=read)) == 2
     # the copies stay within their share of the memory: fewer of them, still every layer
     state = sum(args[i].numpy().nbytes for i in rot)
-    capped = argument_sets(func, args, cold=True, llc=1 << 20, steps=steps, read=read, memory=int(3 * state / COPY_MEMORY_SHARE))
+    capped = argument_sets(func, args, COLD_CACHES << 20, steps=steps, read=read, memory=int(3 * state / COPY_MEMORY_SHARE))
     assert len(capped) == 3 * 2
 
 
@@ -80,7 +111,7 @@ def test_each_layer_reads_its_own_slots_of_the_typed_stores():
     args = inputs(func, req, Workload(ctx=256), np.random.default_rng(0))
     names = param_names(func)
     assert [args[names.index(n)] for n in ("layer", "kslot", "vslot")] == [2, 0, 2]  # the first layer it serves
-    sets = argument_sets(func, args, cold=False, llc=1 << 20, steps=steps)
+    sets = argument_sets(func, args, 0, steps=steps)
     assert [tuple(s[names.index(n)] for n in ("layer", "kslot", "vslot")) for s in sets] == [(2, 0, 2), (3, 1, 3), (4, 2, 4)]
 
 
@@ -108,7 +139,7 @@ def test_cold_weights_and_kv_layers_pair_up_rather_than_multiply():
     w = [i for i, n in enumerate(names) if n.startswith(WEIGHTS)][0]
     for llc, layers in ((8 * nbytes, 3), (nbytes // 8, 5)):
         steps = [{"layer": i, "kslot": 0, "vslot": i} for i in range(layers)]
-        sets = argument_sets(func, args, cold=True, llc=llc, steps=steps)
+        sets = argument_sets(func, args, COLD_CACHES * llc, steps=steps)
         copies = -(-COLD_CACHES * llc // nbytes)
         assert len(sets) == max(copies, layers)
         assert sorted({s[li] for s in sets}) == list(range(layers))

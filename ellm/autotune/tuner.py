@@ -30,7 +30,7 @@ from ..targets import TargetPreset, detect_host, resolve_target
 from .builder import BuildJob, LocalBuilder
 from .confirm import CONFIRM_ROUNDS, CONFIRM_TOP, confirm, contenders
 from .database import TuningDatabase, TuningRecord, versions
-from .measure import Workload
+from .measure import Workload, decode_step_bytes
 from .runner import LocalRunner, Trial
 from .strategies import STRATEGIES, ModelSearch, Strategy
 
@@ -145,12 +145,29 @@ def search_kernel(name: str, rule: Rule, req: KernelRequest, target: TargetPrese
 
 def tunable_kernels(model, preset: TargetPreset, compile_options: CompileOptions, kernels: str | None = None):
     """(ModelConfig, [lowered kernel info]) of the kernels with knobs, filtered by the `kernels` regex."""
+    cfg, _, lowered = lowered_model(model, preset, compile_options)
+    return cfg, tunable(lowered, kernels)
+
+
+def lowered_model(model, preset: TargetPreset, compile_options: CompileOptions):
+    """(ModelConfig, graph, [lowered kernel info]) of a model as compile lowers it for `preset`."""
     gf = GGUFFile(resolve_model(model))
     cfg = ModelConfig.from_gguf(gf)
     _, g = build_graph(gf, cfg, dataclasses.replace(compile_options, target=preset.name), preset)
+    return cfg, g, lower(g, preset, max_chunk=compile_options.max_chunk, prefetch=compile_options.prefetch).kernels
+
+
+def tunable(lowered, kernels: str | None = None) -> list:
+    """The lowered kernels with knobs whose name matches the `kernels` regex (all without one)."""
     pattern = re.compile(kernels) if kernels else None
-    lowered = lower(g, preset, max_chunk=compile_options.max_chunk, prefetch=compile_options.prefetch).kernels
-    return cfg, [k for k in lowered if rule_by_name(k.rule).knobs and (pattern is None or pattern.search(k.name))]
+    return [k for k in lowered if rule_by_name(k.rule).knobs and (pattern is None or pattern.search(k.name))]
+
+
+def model_workload(wl: Workload, cfg: ModelConfig, g, lowered) -> Workload:
+    """`wl` for this model: attention steps through every layer's cache, and one-token kernels are timed at
+    the reuse distance of its decode step at `wl.ctx` (measure.py)."""
+    wl = dataclasses.replace(wl, layers=cfg.n_layers)
+    return dataclasses.replace(wl, step_bytes=decode_step_bytes(g, lowered, wl))
 
 
 def tune_model(
@@ -174,14 +191,15 @@ def tune_model(
 
     preset = resolve_target(target)
     copts = dataclasses.replace(compile_options or CompileOptions(), target=preset.name)
-    cfg, infos = tunable_kernels(model, preset, copts, kernels)
-    workload = dataclasses.replace(workload, layers=cfg.n_layers)  # attention steps through every layer's cache
+    cfg, g, lowered = lowered_model(model, preset, copts)
+    infos = tunable(lowered, kernels)
+    workload = model_workload(workload, cfg, g, lowered)
     db = TuningDatabase.open(db_path)
     host = detect_host()
     n_threads = getattr(runner, "threads", None) or threads or host.logical_cpus  # RPC: the servers' pools
     set_threads(n_threads)
     if runner is not None:
-        runner.workload = workload  # with the model's layer count
+        runner.workload = workload  # with the model's layers and step bytes
     runner = runner or LocalRunner(workload)
     # the CPU the trials run on: this host's, or the RPC servers'
     cpu = (runner.cpu, runner.cpu_features) if hasattr(runner, "cpu") else (host.identity, host.compute_flags)
