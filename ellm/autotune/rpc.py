@@ -4,9 +4,10 @@ every server of the key at once, one open session per server.
 
 Each trial uploads the candidate's library, runs it once from the kernel's initial inputs (the same random
 inputs as local runs) and compares what it wrote with the default's outputs on the remote CPU (the
-differential check of runner.py), then times it with TVM's `time_evaluator`. One-token kernels are timed
-cold: the evaluator evicts the caches (`cache_flush_bytes`, COLD_CACHES times this host's last-level cache)
-before each single call, where local runs stream copies of the weights instead; chunks are timed hot. A
+differential check of runner.py), then times it with TVM's `time_evaluator`. One-token kernels are timed as
+a decode step sees them: the evaluator writes what the step reads between two calls (`cache_flush_bytes`,
+measure.reuse_bytes: the step's bytes, at most COLD_CACHES times this host's last-level cache) before each
+single call, where local runs stream copies of the weights instead; chunks are timed hot. A
 server that dies mid-run takes only its in-flight trial with it (recorded as run_error); the others go on.
 """
 
@@ -23,7 +24,7 @@ import numpy as np
 
 from ..errors import EllmError
 from .builder import Built
-from .measure import COLD_CACHES, Workload, last_level_cache
+from .measure import Workload, last_level_cache, reuse_bytes
 from .runner import KernelBench, Trial, kernel_key, mismatch
 
 COLD_REPEATS = 30  # single cold calls per timing (each after a cache flush)
@@ -122,9 +123,10 @@ class RPCRunner:
 
     def _acquire(self) -> _Session:
         """An idle session, or a new one while fewer are open than servers remain; waits for one otherwise."""
+        wait = 0.0  # a server not yet in use is taken at once, not after an idle one was waited for
         while True:
             try:
-                return self._idle.get(timeout=0.2)
+                return self._idle.get(timeout=wait) if wait else self._idle.get_nowait()
             except queue.Empty:
                 pass
             with self._lock:
@@ -139,6 +141,7 @@ class RPCRunner:
                 except Exception:
                     self._drop()
                     raise
+            wait = 0.2
 
     def _drop(self) -> None:
         """A session is gone (its server died or hung up): one server fewer to wait for."""
@@ -215,7 +218,7 @@ class RPCRunner:
         try:
             cold = bench.cold
             ev = mod.time_evaluator("kernel", sess.dev, number=1 if cold else 3, repeat=COLD_REPEATS if cold else 3,
-                                    cache_flush_bytes=COLD_CACHES * last_level_cache() if cold else 0)
+                                    cache_flush_bytes=reuse_bytes(self.workload, last_level_cache()) if cold else 0)
             t = list(ev(*args).results)
         except Exception as e:  # noqa: BLE001
             return self._failed(sess, e)
