@@ -1,7 +1,8 @@
 """Kernel micro-benchmarks: each kernel of a decode step (or of a prefill chunk) alone, against the measured read
 bandwidth (decode) or as multiply-accumulates per second (prefill).
 
-    python bench/kernels.py [--model GGUF] [--ctx 512] [--tokens T] [--threads N] [--target PRESET] [--json FILE]
+    python bench/kernels.py [--model GGUF] [--ctx 512] [--tokens T] [--threads N] [--target PRESET] [--cold]
+                            [--knob RULE.KNOB=VALUE] [--activations A] [--json FILE]
 
 Every kernel of the one-token entry (or, with --tokens, of the prefill entry at T tokens) is compiled alone
 and called with its real shapes, by the tuner's timing harness (ellm/autotune/measure.py): weights and KV
@@ -37,8 +38,7 @@ def main() -> None:
     a = ap.parse_args()
     overrides = _parse_knobs(a.knob)
 
-    from ellm.autotune.measure import (Workload, argument_sets, inputs, kv_read_bytes, kv_steps, last_level_cache, reuse_bytes,
-                                       time_calls)
+    from ellm.autotune.measure import Workload, inputs, last_level_cache, reuse_bytes, time_calls, timing_sets
     from ellm.autotune.tuner import model_workload
     from ellm.autotune.runner import call_bytes
     from ellm.bench.bandwidth import measure_read_bandwidth
@@ -76,9 +76,9 @@ def main() -> None:
                          f"(rules: {', '.join(sorted({k.rule for k in step}))})")
     bw = measure_read_bandwidth(a.threads)
     set_threads(a.threads)
-    wl = Workload(tokens=max(1, a.tokens), ctx=a.ctx)
-    wl = dataclasses.replace(wl, layers=cfg.n_layers) if a.cold else model_workload(wl, cfg, g, lowered.kernels)
-    reuse = 0 if prefill else reuse_bytes(wl, last_level_cache())
+    wl = model_workload(Workload(tokens=max(1, a.tokens), ctx=a.ctx), cfg, g)
+    timed = dataclasses.replace(wl, step_bytes=0) if a.cold else wl  # step_bytes 0: cold (measure.reuse_bytes)
+    reuse = 0 if prefill else reuse_bytes(timed, last_level_cache())
     rows = []
     for k in step:
         func = lower_rule_build(k, preset, overrides.get(k.rule)).with_attr("global_symbol", "kernel")
@@ -86,7 +86,7 @@ def main() -> None:
         args = inputs(func, k.req, wl, np.random.default_rng(0))
         nbytes = call_bytes(func, k.req, args, wl)
         # decode: weights and the KV cache read at the step's reuse distance (measure.py), its layers stepped through
-        sets = argument_sets(func, args, reuse, kv_steps(k.req, wl.layers), kv_read_bytes(k.req, wl))
+        sets = timing_sets(func, k.req, args, timed, not prefill)
         sec = time_calls(ex["kernel"], sets, 1 if prefill else 100)
         del sets  # up to a quarter of the memory (measure.COPY_MEMORY_SHARE): freed before the next kernel's
         row = {"kernel": k.name, "rule": k.rule, "calls_per_step": calls[k.name], "us": sec * 1e6}

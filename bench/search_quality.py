@@ -150,14 +150,20 @@ def main(argv=None) -> int:
     host = detect_host()
     threads = a.threads or host.logical_cpus
     set_threads(threads)
-    wl = model_workload(Workload(ctx=a.ctx), cfg, g, lowered)
+    wl = model_workload(Workload(ctx=a.ctx), cfg, g)
     db = TuningDatabase.open(a.db)
     log = lambda s: print(s, file=sys.stderr)  # noqa: E731
     out = {"host": host.record(), "target": preset.name, "threads": threads, "trials": a.trials, "seeds": a.seeds, "kernels": []}
     stored = json.loads(Path(a.replay).read_text())["kernels"] if a.replay else {}
-    landscapes = {"host": host.record(), "target": preset.name, "threads": threads, "kernels": dict(stored)}
+    landscapes = {"host": host.record(), "target": preset.name, "threads": threads, "workload": dataclasses.asdict(wl),
+                  "kernels": dict(stored)}
     if a.landscapes and not a.replay and Path(a.landscapes).exists():  # resume: kernels swept already are kept
-        landscapes["kernels"] = json.loads(Path(a.landscapes).read_text())["kernels"]
+        earlier = json.loads(Path(a.landscapes).read_text())
+        if earlier.get("workload") == landscapes["workload"]:
+            landscapes["kernels"] = earlier["kernels"]
+        else:  # timed at another context or reuse distance (or before landscapes recorded theirs)
+            raise SystemExit(f"{a.landscapes} was measured with another workload ({earlier.get('workload')}): "
+                             f"name a new --landscapes file")
     with LocalBuilder() as builder:
         runner = LocalRunner(wl)
         for info in infos:

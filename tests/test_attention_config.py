@@ -51,8 +51,9 @@ def test_bytes_per_token_of_a_sparse_step():
     assert decode_bytes_per_token(manifest, 8000, 64, kv_bytes_per_value=34 / 32) == 10**8 + int(23040 * 8032 * 17 / 32)
     sparse = decode_bytes_per_token(manifest, 8000, 64, AttentionConfig())
     assert dense_f16 == 10**8 + 23040 * 8032
-    # (1 sink + 22 selected) blocks + the window's 512..575 keys, at the plan's bytes, + 2 * 64 f16 per candidate
+    # (1 sink + 22 selected) blocks + the window's 512..575 keys, read as whole blocks at the plan's bytes,
+    # + 2 * 64 f16 per candidate, layer and head
     keys, cand = AttentionConfig().blocks_read(8032, 64, 2)
     assert keys == 23 * 64 + 8032 - (8032 - 512) // 64 * 64 and cand == (8032 - 512) // 64 - 1
-    assert sparse == int(10**8 + PLAN.bytes_per_token() * keys + 256 * 90 * cand)
+    assert sparse == int(10**8 + PLAN.bytes_per_token() * -(-keys // 64) * 64 + 256 * 90 * cand)
     assert sparse - 10**8 < 0.1 * (dense_f16 - 10**8)  # under a tenth of llama.cpp's KV traffic at 8K

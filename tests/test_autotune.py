@@ -11,6 +11,7 @@ from ellm.autotune import TuningDatabase, TuningRecord
 from ellm.autotune.confirm import CONFIRM_ROUNDS
 from ellm.autotune.tuner import TuneOptions, Workload, tune_model
 from ellm.compiler.build import CompileOptions, compile_model
+from ellm.compiler.inspect import inspect_model
 from ellm.quant import QuantType
 
 
@@ -34,6 +35,10 @@ def test_tune_then_compile_uses_the_tuned_knobs(tmp_path):
     db = tune_model(model, tmp_path / "tune.jsonl", target=target, threads=2, kernels="_m1_",
                     options=TuneOptions("random", trials=2, workers=0), workload=Workload(tokens=32, ctx=256))
     records = db.records()
+    # every kernel was timed as the model's decode step reads: weights and the KV blocks at the context
+    step = db.trials()[0].options["workload"]["step_bytes"]
+    assert step == json.loads(inspect_model(model, as_json=True))["decode_weight_bytes_per_token"] + kv_read(model, 256)
+    assert all(r.options["workload"]["step_bytes"] == step for r in db.trials())
     gemv = select_rule(matmul_request(QuantType.Q4_K, 64, 256, m=1, layout="tile16", act_bits=16), PRESET).name
     assert {r.rule for r in records} >= {gemv, "attention_input", "attention_decode"}
     assert all(r.seconds > 0 for r in records)
@@ -55,3 +60,8 @@ def test_tune_then_compile_uses_the_tuned_knobs(tmp_path):
         rec = db.best(target, k["name"], k["rule"])
         if rec is not None and rec.beats_default():
             assert k["knobs"] == rec.knobs
+
+
+def kv_read(model, ctx: int) -> int:
+    """Bytes of KV a decode step of the model reads at `ctx` (every block: `ellm inspect`'s bytes per token)."""
+    return int(json.loads(inspect_model(model, as_json=True))["kv_bytes_per_token"] * ctx)

@@ -40,10 +40,24 @@ def test_cold_weights_rotate_through_several_times_the_cache():
     w = [i for i, n in enumerate(param_names(func)) if n.startswith("w_")][0]
     assert len({id(s[w]) for s in sets}) == len(sets)  # each set its own copy of the weights
     assert len(argument_sets(func, args, 0)) == 1
-    # the copies lie one after another on 2 MiB pages, as the engine holds its weights
+    # the copies lie one after another on 2 MiB pages, as the engine holds its weights; every streamed buffer
+    # of every set is its own copy of the original, never the original itself
     starts = [np.from_dlpack(s[w]).ctypes.data for s in sets]
     assert starts[0] % HUGE == 0 and all(b > a for a, b in zip(starts, starts[1:]))
-    assert all(np.array_equal(np.from_dlpack(s[w]), args[w].numpy()) for s in sets)
+    for i in streamed(func, args):
+        assert len({np.from_dlpack(s[i]).ctypes.data for s in sets} | {np.from_dlpack(args[i]).ctypes.data}) == len(sets) + 1
+        assert all(np.array_equal(np.from_dlpack(s[i]), args[i].numpy()) for s in sets)
+
+
+def test_a_bench_times_one_token_kernels_at_the_steps_reuse_distance():
+    from ellm.autotune.runner import KernelBench
+
+    req = matmul_request(QuantType.Q4_1, 256, 512, m=1, layout="tile16", act_bits=8)
+    rule = select_rule(req, PRESET)
+    nbytes = weight_bytes(_func(req), inputs(_func(req), req, Workload(), np.random.default_rng(0)))
+    bench = KernelBench(rule.name, req, PRESET.name, Workload(step_bytes=5 * nbytes))
+    bench.time(lambda *a: None)
+    assert len(bench.sets) == 5  # a pass reads the step's bytes: 5 copies of the weights
 
 
 def test_bytes_are_reread_after_what_a_decode_step_reads():
@@ -58,11 +72,11 @@ def test_a_decode_step_reads_every_weight_and_the_kv_blocks_of_every_layer(tmp_p
     and its KV bytes per token times the context; at a long one, the sparse selection reads less."""
     model = write_model(tmp_path / "m.gguf", n_layers=3)
     info = json.loads(inspect_model(model, as_json=True))
-    cfg, g, lowered = lowered_model(model, PRESET, CompileOptions())
-    wl = model_workload(Workload(ctx=256), cfg, g, lowered)
+    cfg, g, _ = lowered_model(model, PRESET, CompileOptions())
+    wl = model_workload(Workload(ctx=256), cfg, g)
     assert wl.layers == 3
     assert wl.step_bytes == info["decode_weight_bytes_per_token"] + info["kv_bytes_per_token"] * 256
-    long = model_workload(Workload(ctx=16384), cfg, g, lowered).step_bytes
+    long = model_workload(Workload(ctx=16384), cfg, g).step_bytes
     assert wl.step_bytes < long < info["decode_weight_bytes_per_token"] + info["kv_bytes_per_token"] * 16384
 
 

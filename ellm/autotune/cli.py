@@ -40,7 +40,9 @@ def add_parser(sub) -> None:
     tu.add_argument("--seed", type=int, default=0)
     tu.add_argument("--threads", type=_positive_int, default=None, help="threads the kernels run with (default: all CPUs)")
     tu.add_argument("--tokens", type=_positive_int, default=256, help="prefill chunk the kernels are timed at")
-    tu.add_argument("--ctx", type=_positive_int, default=4096, help="context the attention kernels are timed at")
+    tu.add_argument("--ctx", type=_positive_int, default=4096,
+                    help="context the attention kernels are timed at; one-token kernels reread their bytes after "
+                         "what a decode step reads at it (default 4096)")
     tu.add_argument("--kernels", type=_regex, default=None, metavar="REGEX", help="tune only kernels whose name matches")
     tu.add_argument("--resume", action="store_true", help="continue the searches recorded in the database")
     tu.add_argument("--json", action="store_true", help="print a JSON summary per kernel")

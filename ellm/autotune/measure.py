@@ -126,42 +126,27 @@ def kv_steps(req: KernelRequest, layers: int = 1) -> list[dict[str, int]]:
 
 def kv_read_bytes(req: KernelRequest, wl: Workload) -> int | None:
     """Bytes of the KV stores a query of an attention kernel reads at the workload's context (as
-    AttentionConfig's defaults select them, before widening): the K and V blocks of the keys it reads, and
-    the K summaries of every candidate block it bounds, at the types of the layers it serves. None for
-    other kernels."""
+    AttentionConfig's defaults select them, before widening), at the types of the first layer it serves
+    (KVPlan.read_bytes). None for other kernels."""
     key = req.attr("kv_plan")
     if not key or req.kind.value != "attention":
         return None
-    plan = KVPlan.from_key(key)
-    layer = kv_steps(req)[0]["layer"]
-    block_bytes, summary_bytes = 0, 0
-    for kind in ("k", "v"):
-        for st in plan.store_tensors(kind, plan.slot(kind, layer)[0]):  # [slots, heads, NB, ...]
-            b = int(np.prod([int(d) for d in st.shape[1:] if d != "NB"])) * np.dtype(st.dtype).itemsize
-            block_bytes += b
-            if kind == "k" and st.name.endswith(("_params", "_summary")):
-                summary_bytes += b
-    keys, candidates = AttentionConfig().blocks_read(wl.ctx, plan.block, plan.recent)
-    return block_bytes * -(-keys // plan.block) + summary_bytes * candidates
+    return KVPlan.from_key(key).read_bytes(wl.ctx, AttentionConfig(), kv_steps(req)[0]["layer"])
 
 
-def decode_step_bytes(g, kernels, wl: Workload) -> int:
-    """Bytes one decode step of graph `g` reads at the workload's context: every weight once (one embedding
-    row), and the KV blocks each layer's attention reads (kv_read_bytes of the one-token attention `kernels`,
-    lowered from `g`, times the layers each serves)."""
+def decode_step_bytes(g, ctx: int) -> int:
+    """Bytes one decode step of graph `g` reads at context `ctx`: every weight once (one embedding row) and
+    the KV blocks every layer's attention reads with the default settings (KVPlan.read_bytes)."""
     from ..compiler.inspect import decode_weight_bytes
 
-    kv = 0
-    for k in kernels:
-        read = kv_read_bytes(k.req, wl) if k.req.m == 1 else None
-        if read is not None:
-            kv += read * len(kv_steps(k.req))
-    return decode_weight_bytes(g) + kv
+    plan = KVPlan.from_key(g.op("kv_cache").attr("kv_plan"))
+    return decode_weight_bytes(g) + plan.read_bytes(ctx, AttentionConfig())
 
 
 def reuse_bytes(wl: Workload, llc: int) -> int:
     """Bytes a one-token kernel's timing pass reads before it reads a byte again: what a decode step reads
-    (`wl.step_bytes`), at most COLD_CACHES x `llc` (every read is cold by then); that where the step is unknown."""
+    (`wl.step_bytes`), at most COLD_CACHES x `llc` (every read is cold by then); COLD_CACHES x `llc` where the
+    step is unknown."""
     cold = COLD_CACHES * llc
     return min(wl.step_bytes, cold) if wl.step_bytes else cold
 
@@ -174,8 +159,6 @@ def argument_sets(func, args, reuse: int, steps: list[dict[str, int]] = (), read
     `memory`; 0: one set, read hot. With weights (each call reads all of a copy's), the copies are paired with
     the steps in turn, max(copies, steps) calls a pass; reading only the KV cache (a call reads one layer of a
     copy), every copy goes through every step, copies x steps calls, so no byte is read twice within a pass."""
-    import tvm
-
     names = param_names(func)
     rot = streamed(func, args)
     nbytes = sum(tensor_bytes(args[i]) for i in rot)
@@ -186,7 +169,7 @@ def argument_sets(func, args, reuse: int, steps: list[dict[str, int]] = (), read
     if copies > 1:
         copies = max(1, min(copies, int(COPY_MEMORY_SHARE * (memory or physical_memory())) // nbytes))
     sets = [args]
-    if reuse > 0:  # every copy, the first included, on huge pages
+    if reuse > 0 and rot:  # every copy, the first included, on huge pages
         fresh = on_huge_pages([args[i] for i in rot], copies)
         sets = [[fresh[c * len(rot) + rot.index(i)] if i in rot else x for i, x in enumerate(args)] for c in range(copies)]
     if layered:
@@ -250,19 +233,8 @@ def last_level_cache() -> int:
     return max(detect_host().caches.get("L3", 0), 32 << 20)
 
 
-def time_kernel(func, req: KernelRequest, target, wl: Workload, cold: bool | None = None) -> float:
-    """Median seconds per call of one kernel (a PrimFunc as `Rule.build_kernel` returns it); `cold` defaults
-    to whether the kernel takes one token."""
-    from ..compiler.tir_pipeline import compile_tir
-
-    ex = compile_tir(func.with_attr("global_symbol", "kernel"), target)
-    return time_function(ex["kernel"], func, req, wl, cold)
-
-
-def time_function(f, func, req: KernelRequest, wl: Workload, cold: bool | None = None, args: list | None = None) -> float:
-    """Median seconds per call of compiled kernel `f` of PrimFunc `func` (its parameters give the inputs)."""
-    args = args if args is not None else inputs(func, req, wl, np.random.default_rng(0))
-    cold = req.m == 1 if cold is None else cold
+def timing_sets(func, req: KernelRequest, args, wl: Workload, cold: bool) -> list[list]:
+    """The argument sets a kernel of `req` is timed with: `cold` (one-token kernels), its streamed buffers
+    reread after the workload's step (reuse_bytes); else one set, hot. Its layers stepped through either way."""
     reuse = reuse_bytes(wl, last_level_cache()) if cold else 0
-    sets = argument_sets(func, args, reuse, kv_steps(req, wl.layers), kv_read_bytes(req, wl))
-    return time_calls(f, sets, calls_for(req, cold))
+    return argument_sets(func, args, reuse, kv_steps(req, wl.layers), kv_read_bytes(req, wl))

@@ -5,9 +5,9 @@ every server of the key at once, one open session per server.
 Each trial uploads the candidate's library, runs it once from the kernel's initial inputs (the same random
 inputs as local runs) and compares what it wrote with the default's outputs on the remote CPU (the
 differential check of runner.py), then times it with TVM's `time_evaluator`. One-token kernels are timed as
-a decode step sees them: the evaluator writes what the step reads between two calls (`cache_flush_bytes`,
-measure.reuse_bytes: the step's bytes, at most COLD_CACHES times this host's last-level cache) before each
-single call, where local runs stream copies of the weights instead; chunks are timed hot. A
+a decode step sees them: the evaluator writes what the rest of the step reads between two calls
+(`cache_flush_bytes`: measure.reuse_bytes, the step's bytes or at most COLD_CACHES times this host's
+last-level cache, less the call's own) before each single call, where local runs stream copies of the weights instead; chunks are timed hot. A
 server that dies mid-run takes only its in-flight trial with it (recorded as run_error); the others go on.
 """
 
@@ -218,7 +218,7 @@ class RPCRunner:
         try:
             cold = bench.cold
             ev = mod.time_evaluator("kernel", sess.dev, number=1 if cold else 3, repeat=COLD_REPEATS if cold else 3,
-                                    cache_flush_bytes=reuse_bytes(self.workload, last_level_cache()) if cold else 0)
+                                    cache_flush_bytes=self._flush_bytes(bench) if cold else 0)
             t = list(ev(*args).results)
         except Exception as e:  # noqa: BLE001
             return self._failed(sess, e)
@@ -226,6 +226,11 @@ class RPCRunner:
         stats = {"median": statistics.median(t), "min": min(t), "max": max(t), "passes": len(t), "calls": 1 if cold else 3,
                  "bytes": bench.bytes, "method": "rpc-flush" if cold else "rpc-hot"}
         return Trial("ok", stats["median"], stats, runner=sess.where)
+
+    def _flush_bytes(self, bench: KernelBench) -> int:
+        """Bytes written before a cold call: what the rest of a decode step reads between two of its calls
+        (measure.reuse_bytes, less the call's own bytes, which the call itself reads)."""
+        return max(reuse_bytes(self.workload, last_level_cache()) - bench.bytes, 0)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)

@@ -17,8 +17,8 @@ import numpy as np
 from ..schedules import KernelRequest, rule_by_name
 from ..targets import get_preset
 from .builder import Built
-from .measure import (Workload, argument_sets, calls_for, inputs, kv_read_bytes, kv_steps, last_level_cache, param_names,
-                      reuse_bytes, streamed, tensor_bytes, time_passes, weight_bytes)
+from .measure import (Workload, calls_for, inputs, kv_read_bytes, kv_steps, param_names, streamed, tensor_bytes, time_passes,
+                      timing_sets, weight_bytes)
 
 WARMUP_PASSES = 3  # discarded timed passes of a new bench, before its first timing (KernelBench.time)
 RTOL = 2e-3  # of the largest magnitude of a float output: split-K merges and tiling reorder float sums
@@ -85,7 +85,7 @@ class KernelBench:
         self.req, self.wl = req, wl
         self.args = inputs(self.func, req, wl, np.random.default_rng(0))
         self.initial = [a.numpy() if isinstance(a, tvm.runtime.Tensor) else a for a in self.args]
-        self.cold = req.m == 1
+        self.cold = req.m == 1  # one-token: timed at the step's reuse distance (measure.reuse_bytes), else hot
         self.bytes = call_bytes(self.func, req, self.args, wl)
         self.sets = None
         self._scratch: list | None = None
@@ -108,8 +108,7 @@ class KernelBench:
     def time(self, f) -> dict[str, float]:
         calls = calls_for(self.req, self.cold)
         if self.sets is None:
-            reuse = reuse_bytes(self.wl, last_level_cache()) if self.cold else 0
-            self.sets = argument_sets(self.func, self.args, reuse, kv_steps(self.req, self.wl.layers), kv_read_bytes(self.req, self.wl))
+            self.sets = timing_sets(self.func, self.req, self.args, self.wl, self.cold)
             # Freshly allocated timing sets time slow at first (Zen 4 VM: the LM head's default 1105 us,
             # then 754, then 620-740), and the first candidate timed is the default every result is
             # measured against: one discarded timing of the same calls first.

@@ -163,11 +163,10 @@ def tunable(lowered, kernels: str | None = None) -> list:
     return [k for k in lowered if rule_by_name(k.rule).knobs and (pattern is None or pattern.search(k.name))]
 
 
-def model_workload(wl: Workload, cfg: ModelConfig, g, lowered) -> Workload:
-    """`wl` for this model: attention steps through every layer's cache, and one-token kernels are timed at
-    the reuse distance of its decode step at `wl.ctx` (measure.py)."""
-    wl = dataclasses.replace(wl, layers=cfg.n_layers)
-    return dataclasses.replace(wl, step_bytes=decode_step_bytes(g, lowered, wl))
+def model_workload(wl: Workload, cfg: ModelConfig, g) -> Workload:
+    """`wl` for the model of graph `g`: attention steps through every layer's cache, and one-token kernels
+    are timed at the reuse distance of its decode step at `wl.ctx` (measure.py)."""
+    return dataclasses.replace(wl, layers=cfg.n_layers, step_bytes=decode_step_bytes(g, wl.ctx))
 
 
 def tune_model(
@@ -193,7 +192,7 @@ def tune_model(
     copts = dataclasses.replace(compile_options or CompileOptions(), target=preset.name)
     cfg, g, lowered = lowered_model(model, preset, copts)
     infos = tunable(lowered, kernels)
-    workload = model_workload(workload, cfg, g, lowered)
+    workload = model_workload(workload, cfg, g)
     db = TuningDatabase.open(db_path)
     host = detect_host()
     n_threads = getattr(runner, "threads", None) or threads or host.logical_cpus  # RPC: the servers' pools

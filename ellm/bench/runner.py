@@ -98,9 +98,9 @@ def _worker(system: str, cfg: BenchConfig, ctx: int, llama: LlamaConfig | None =
 def decode_bytes_per_token(manifest: dict, ctx: int, gen: int, attention: AttentionConfig | None = None,
                            kv_bytes_per_value: float = 2.0) -> int:
     """Weights read by one decode step plus the KV it attends over, at the mean context of the timed steps:
-    with `attention`, the keys and values the artifact's plan stores for the blocks it reads and the key
-    summaries it ranks; without, llama.cpp's cache (`kv_bytes_per_value`: 2 for f16, 34/32 for q8_0) over the
-    whole context."""
+    with `attention`, the blocks of the artifact's plan it reads and the key summaries it ranks
+    (KVPlan.read_bytes, as the tuner's harness counts them); without, llama.cpp's cache
+    (`kv_bytes_per_value`: 2 for f16, 34/32 for q8_0) over the whole context."""
     from ..kv.plan import KVPlan
 
     weights = manifest["targets"][0]["decode_weight_bytes"]
@@ -109,10 +109,7 @@ def decode_bytes_per_token(manifest: dict, ctx: int, gen: int, attention: Attent
         cfg = manifest["config"]
         per_token = 2 * cfg["n_layers"] * cfg["n_kv_heads"] * cfg["head_dim"] * kv_bytes_per_value
         return int(weights + per_token * n_ctx)
-    plan = KVPlan.from_dict(manifest["kv_cache"])
-    keys, candidates = attention.blocks_read(n_ctx, plan.block, plan.recent)
-    summary = 2 * plan.head_dim * 2 * plan.n_kv_heads * plan.n_layers  # (min, scale) or (min, max), f16
-    return int(weights + plan.bytes_per_token() * keys + summary * candidates)
+    return int(weights + KVPlan.from_dict(manifest["kv_cache"]).read_bytes(n_ctx, attention))
 
 
 def _row(system: str, ctx: int, runs: list[dict], nbytes: int) -> dict:
