@@ -100,7 +100,8 @@ def main() -> None:
         rows.append(row)
     step_us = sum(r["us"] * r["calls_per_step"] for r in rows)
     report = {"host": detect_host().record(), "bandwidth_gb_s": bw.gb_s_median, "threads": a.threads, "ctx": a.ctx,
-              "tokens": a.tokens, "step_bytes": wl.step_bytes, "reuse_bytes": reuse, "target": preset.name, "kernels": rows, "sum_over_step_us": step_us}
+              "tokens": a.tokens, "step_bytes": wl.step_bytes, "reuse_bytes": reuse, "target": preset.name, "kernels": rows,
+              "sum_over_step_us": step_us}
     what = f"prefill chunk of {a.tokens} tokens" if prefill else "decode step"
     print(f"read bandwidth {bw.gb_s_median:.1f} GB/s, {a.threads} threads, KV context {a.ctx}, target {preset.name}, {what}"
           + ("" if prefill else f", bytes reread after {reuse / 1e6:.0f} MB"))

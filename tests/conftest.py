@@ -14,6 +14,16 @@ sys.path.insert(0, str(Path(__file__).parent))
 THREADS = min(2, os.cpu_count() or 1)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _forget_built_kernels():
+    """Kernels built by one test module (kernels.build) are not kept for the next: loaded modules hold on to
+    the arguments of their first call."""
+    yield
+    from kernels import BUILT
+
+    BUILT.clear()
+
+
 @pytest.fixture(scope="session")
 def model_path() -> Path:
     from ellm.models import default_model_path
@@ -30,6 +40,16 @@ def artifact(tmp_path_factory, model_path) -> Path:
     # plan is checked against this artifact in test_kv_quant_model.py. 16-bit activations in chunks too, so
     # teacher-forced logits meet the int16 bounds (the default's 8-bit chunks: test_matmul_precision_bounds)
     compile_model(model_path, out, CompileOptions(target="auto", cache_type_k="f16", cache_type_v="f16", activations="int16"))
+    return out
+
+
+@pytest.fixture(scope="session")
+def artifact_f32_int16(tmp_path_factory, model_path) -> Path:
+    """SmolLM2 with a float32 cache and 16-bit activations (precision bounds, eval against dense)."""
+    from ellm.compiler.build import CompileOptions, compile_model
+
+    out = tmp_path_factory.mktemp("artifacts") / "smollm2-f32-int16"
+    compile_model(model_path, out, CompileOptions(target="auto", cache_type_k="f32", cache_type_v="f32", activations="int16"))
     return out
 
 

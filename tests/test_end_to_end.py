@@ -65,10 +65,14 @@ def test_top1_matches_reference_where_margin_exceeds_bound(eng_logits, ref_logit
 
 
 @pytest.fixture(scope="module")
-def exact_ref_logits(model_path, text_ids):
-    from reference import NumpyLlama
+def exact_ref_logits(reference, text_ids):
+    """The float64 model with K and V kept exact: the session's reference (its decoded weights shared)
+    without the float16 rounding."""
+    import copy
 
-    return NumpyLlama(model_path, kv_dtype=None).forward(text_ids)
+    exact = copy.copy(reference)
+    exact.kv_dtype = None
+    return exact.forward(text_ids)
 
 
 def test_logits_against_exact_kv_reference(eng_logits, exact_ref_logits):
@@ -77,15 +81,19 @@ def test_logits_against_exact_kv_reference(eng_logits, exact_ref_logits):
 
 @pytest.mark.parametrize("activations,eps,top1_margin",
                          [("f32", EPS_F32, EPS_F32), ("int16", 0.03, 0.03), ("int8", 5.0, 1.0), ("auto", 5.0, 1.0)])
-def test_matmul_precision_bounds(tmp_path_factory, model_path, text_ids, exact_ref_logits, activations, eps, top1_margin):
+def test_matmul_precision_bounds(request, tmp_path_factory, model_path, text_ids, exact_ref_logits, activations, eps,
+                                 top1_margin):
     import ellm
     from ellm.compiler.build import CompileOptions, compile_model
     from ellm.targets import resolve_target
 
     if activations != "f32" and resolve_target("auto").isa is None:
         pytest.skip("integer activations need integer dot products (AVX2 or later)")
-    options = CompileOptions(cache_type_k="f32", cache_type_v="f32", activations=activations)
-    art = compile_model(model_path, tmp_path_factory.mktemp(activations) / "a", options).path
+    if activations == "int16":  # the session's (conftest.py)
+        art = request.getfixturevalue("artifact_f32_int16")
+    else:
+        options = CompileOptions(cache_type_k="f32", cache_type_v="f32", activations=activations)
+        art = compile_model(model_path, tmp_path_factory.mktemp(activations) / "a", options).path
     eng = ellm.load(art, threads=2, ctx_size=512)
     got = eng.logits(text_ids)
     assert np.abs(got - exact_ref_logits).max() <= eps

@@ -75,14 +75,11 @@ def test_eval_passkey_cli_finds_the_key(artifact):
     assert out["accuracy_per_length"][0] == 1.0, out["answers"]
 
 
-def test_eval_ppl_cli_against_dense(artifact, tmp_path):
+def test_eval_ppl_cli_against_dense(artifact_f32_int16, tmp_path):
     """With --against dense on an F32-KV artifact, the F16-KV reference is compiled and compared."""
     import os
 
-    from ellm.compiler.build import CompileOptions, compile_model
-
-    art32 = tmp_path / "f32"
-    compile_model(__import__("ellm.models", fromlist=["x"]).default_model_path(), art32, CompileOptions(cache_type_k="f32", cache_type_v="f32", activations="int16"))
+    art32 = artifact_f32_int16
     env = dict(os.environ, ELLM_CACHE=str(tmp_path / "cache"))
     p = subprocess.run([sys.executable, "-m", "ellm", "eval", "ppl", art32, opticks(), "--ctx", "600", "--against", "dense",
                         "--json"], capture_output=True, text=True, timeout=900, env=env)

@@ -10,6 +10,8 @@ Tolerances are the kernels' own (see each helper): 16-bit activations 1e-4 of th
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -41,8 +43,13 @@ def _settings(rule: str):
 
 def points(rule, req, numerics=True, preset=PRESET):
     """A hypothesis strategy over the valid points of the rule's full space for `req`."""
-    space = rule.space(req, preset, numerics=numerics)
-    return st.sampled_from(list(space.points()))
+    return st.sampled_from(_points(rule, req, numerics, preset))
+
+
+@functools.lru_cache(maxsize=None)
+def _points(rule, req, numerics, preset) -> list:
+    """Every valid point of the space (enumerated once per space: up to ~11k knob combinations checked)."""
+    return list(rule.space(req, preset, numerics=numerics).points())
 
 
 def _matmul(m, qtype, bits):

@@ -7,7 +7,8 @@ inputs as local runs) and compares what it wrote with the default's outputs on t
 differential check of runner.py), then times it with TVM's `time_evaluator`. One-token kernels are timed as
 a decode step sees them: the evaluator writes what the rest of the step reads between two calls
 (`cache_flush_bytes`: measure.reuse_bytes, the step's bytes or at most COLD_CACHES times this host's
-last-level cache, less the call's own) before each single call, where local runs stream copies of the weights instead; chunks are timed hot. A
+last-level cache, less the call's own) before each single call, where local runs stream copies of the
+weights instead; chunks are timed hot. A
 server that dies mid-run takes only its in-flight trial with it (recorded as run_error); the others go on.
 """
 
