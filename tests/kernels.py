@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 
 from ellm.compiler.graph import OpKind, TensorType
 from ellm.compiler.tir_pipeline import compile_tir
@@ -54,9 +55,9 @@ def build(func, preset=None):
     ctx = tvm.transform.PassContext.current()
     if list(ctx.instruments):  # a test watching the passes run must see them run
         return compile_tir(func, preset)
-    key = (tvm.ir.structural_hash(func), preset.name, ctx.opt_level, str(dict(ctx.config)))
+    key = (tvm_ffi.structural_hash(func), preset.name, ctx.opt_level, str(dict(ctx.config)))
     hit = BUILT.get(key)
-    if hit is not None and tvm.ir.structural_equal(hit[0], func):
+    if hit is not None and tvm_ffi.structural_equal(hit[0], func):
         return hit[1]
     ex = compile_tir(func, preset)
     BUILT[key] = (func, ex)
