@@ -9,6 +9,7 @@ from synthetic import write_model
 
 from ellm.autotune import TuningDatabase, TuningRecord
 from ellm.autotune.confirm import CONFIRM_ROUNDS
+from ellm.autotune.measure import last_level_cache, reuse_bytes
 from ellm.autotune.tuner import TuneOptions, Workload, tune_model
 from ellm.compiler.build import CompileOptions, compile_model
 from ellm.compiler.inspect import inspect_model
@@ -39,6 +40,10 @@ def test_tune_then_compile_uses_the_tuned_knobs(tmp_path):
     step = db.trials()[0].options["workload"]["step_bytes"]
     assert step == json.loads(inspect_model(model, as_json=True))["decode_weight_bytes_per_token"] + kv_read(model, 256)
     assert all(r.options["workload"]["step_bytes"] == step for r in db.trials())
+    # and the records say so: one-token kernels rotated through copies until a pass reads the step's bytes
+    reuse = reuse_bytes(Workload(step_bytes=step), last_level_cache())
+    timed = [r for r in db.trials() if r.status == "ok"]
+    assert timed and all(r.stats["method"] == "rotate" and r.stats["reuse"] == reuse for r in timed)
     gemv = select_rule(matmul_request(QuantType.Q4_K, 64, 256, m=1, layout="tile16", act_bits=16), PRESET).name
     assert {r.rule for r in records} >= {gemv, "attention_input", "attention_decode"}
     assert all(r.seconds > 0 for r in records)

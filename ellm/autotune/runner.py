@@ -17,8 +17,8 @@ import numpy as np
 from ..schedules import KernelRequest, rule_by_name
 from ..targets import get_preset
 from .builder import Built
-from .measure import (Workload, calls_for, inputs, kv_read_bytes, kv_steps, param_names, streamed, tensor_bytes, time_passes,
-                      timing_sets, weight_bytes)
+from .measure import (Workload, calls_for, inputs, kv_read_bytes, kv_steps, last_level_cache, param_names, reuse_bytes,
+                      streamed, tensor_bytes, time_passes, timing_sets, weight_bytes)
 
 WARMUP_PASSES = 3  # discarded timed passes of a new bench, before its first timing (KernelBench.time)
 RTOL = 2e-3  # of the largest magnitude of a float output: split-K merges and tiling reorder float sums
@@ -114,8 +114,11 @@ class KernelBench:
             # measured against: one discarded timing of the same calls first.
             time_passes(f, self.sets, calls, passes=WARMUP_PASSES)
         t = time_passes(f, self.sets, calls)
+        # method and reuse say how it was timed: "rotate" rereads a byte only after `reuse` bytes of
+        # others (measure.reuse_bytes) through `sets` argument sets; "hot", one set, in the caches
         return {"median": statistics.median(t), "min": min(t), "max": max(t), "passes": len(t), "calls": calls,
-                "bytes": self.bytes}
+                "bytes": self.bytes, "method": "rotate" if self.cold else "hot",
+                "reuse": reuse_bytes(self.wl, last_level_cache()) if self.cold else 0, "sets": len(self.sets)}
 
 
 class LocalRunner:
