@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import EllmError
 from .builder import Built
-from .measure import Workload, last_level_cache, reuse_bytes
+from .measure import Workload
 from .runner import KernelBench, Trial, kernel_key, mismatch
 
 COLD_REPEATS = 30  # single cold calls per timing (each after a cache flush)
@@ -231,7 +231,7 @@ class RPCRunner:
     def _flush_bytes(self, bench: KernelBench) -> int:
         """Bytes written before a cold call: what the rest of a decode step reads between two of its calls
         (measure.reuse_bytes, less the call's own bytes, which the call itself reads)."""
-        return max(reuse_bytes(self.workload, last_level_cache()) - bench.bytes, 0)
+        return max(bench.reuse - bench.bytes, 0)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)

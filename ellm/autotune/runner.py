@@ -86,6 +86,7 @@ class KernelBench:
         self.args = inputs(self.func, req, wl, np.random.default_rng(0))
         self.initial = [a.numpy() if isinstance(a, tvm.runtime.Tensor) else a for a in self.args]
         self.cold = req.m == 1  # one-token: timed at the step's reuse distance (measure.reuse_bytes), else hot
+        self.reuse = reuse_bytes(wl, last_level_cache()) if self.cold else 0  # what timing_sets rotates through
         self.bytes = call_bytes(self.func, req, self.args, wl)
         self.sets = None
         self._scratch: list | None = None
@@ -118,7 +119,7 @@ class KernelBench:
         # others (measure.reuse_bytes) through `sets` argument sets; "hot", one set, in the caches
         return {"median": statistics.median(t), "min": min(t), "max": max(t), "passes": len(t), "calls": calls,
                 "bytes": self.bytes, "method": "rotate" if self.cold else "hot",
-                "reuse": reuse_bytes(self.wl, last_level_cache()) if self.cold else 0, "sets": len(self.sets)}
+                "reuse": self.reuse, "sets": len(self.sets)}
 
 
 class LocalRunner:
