@@ -65,6 +65,7 @@ def compile_options(a: argparse.Namespace, target: str | None = None):
         max_chunk=a.max_chunk,
         activations=a.activations,
         prefetch=not a.no_prefetch,
+        quant_level=a.quant_level,
     )
 
 
@@ -78,6 +79,10 @@ def add_compile_option_args(c: argparse.ArgumentParser) -> None:
         help="matmul activations: int16/int8 integer kernels, f32 float kernels (auto, on AVX2 and later: int8 for prefill "
              "chunks; int16 for one-token steps with 512-bit dot products, int8 with 256-bit ones)",
     )
+    c.add_argument("--quant-level", type=int, choices=[0, 1, 2], default=None,
+                   help="0: everything at its highest precision (the GGUF's weights, f16 KV, int16 activations); 1: attention "
+                        "weights and the head at 8 bits, KV q8, FFN at 4 bits; 2: everything at 4 bits. Never above a "
+                        "weight's source type")
     c.add_argument("--no-prefetch", action="store_true", help="compile without software prefetch")
     c.add_argument("--max-chunk", type=_positive_int, default=256, help="most tokens per prefill step (default 256)")
 

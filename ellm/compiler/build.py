@@ -18,7 +18,7 @@ from ..runtime.artifact import TOKENIZER, WEIGHTS
 from ..runtime.tokenizer import Tokenizer
 from ..targets import TargetPreset, resolve_target
 from .artifact import write_manifest, write_weights
-from .compile_target import TargetBuild, TargetOptions, build_graph, compile_target, pass_context
+from .compile_target import TargetBuild, TargetOptions, build_graph, compile_target, pass_context, precision_plan
 from .gguf_file import GGUFFile
 from .lower import ENTRIES, ParamSpec
 from .pack_weights import pack_params
@@ -47,6 +47,8 @@ class CompileOptions(TargetOptions):
         unknown = (set(self.disable_passes) | set(self.enable_passes)) - set(pass_names())
         if unknown:
             raise EllmError(f"unknown pass(es) {sorted(unknown)}; passes are: {', '.join(pass_names())}")
+        if self.quant_level is not None and self.quant_level not in (0, 1, 2):
+            raise EllmError(f"--quant-level must be 0, 1 or 2, got {self.quant_level}")
         if not self.target_names():
             raise EllmError("--target needs at least one preset name or auto")
 
@@ -113,7 +115,8 @@ def compile_model(
     cfg = ModelConfig.from_gguf(gf)
     tokenizer = Tokenizer.from_gguf(gf)
     presets = options.presets()
-    graphs = [build_graph(gf, cfg, options, p) for p in presets]  # import (and validate) before any TVM work
+    plan = precision_plan(gf, cfg, options)
+    graphs = [build_graph(gf, cfg, options, p, plan) for p in presets]  # import (and validate) before any TVM work
     log(f"model {model_path.name}: {cfg.arch}, {cfg.n_layers} layers, target{'s' if len(presets) > 1 else ''} "
         f"{', '.join(p.name for p in presets)}")
 
@@ -127,7 +130,7 @@ def compile_model(
         db, host = TuningDatabase.open(options.tuning_db), detect_host()
     for preset, gs in zip(presets, graphs):
         knob_lookup = db.lookup_for(preset.name, host.identity, host.logical_cpus) if db is not None else None
-        builds.append(compile_target(gs, options.for_targets(), preset, knob_lookup, log))
+        builds.append(compile_target(gs, options.for_targets(), preset, knob_lookup, log, plan))
         if knob_lookup is not None:
             tuning.append(knob_lookup.summary())
             log(tuning[-1])
@@ -143,7 +146,7 @@ def compile_model(
             b.executable.export_library(str(tmp / b.kernels_file))
         timings["link"] = time.perf_counter() - t
         t = time.perf_counter()
-        table = write_weights(tmp / WEIGHTS, pack_params(gf, union))
+        table = write_weights(tmp / WEIGHTS, pack_params(gf, union))  # re-quantises what the plan lowered
         timings["pack_weights"] = time.perf_counter() - t
         (tmp / TOKENIZER).write_text(tokenizer.to_json())
         manifest = {
@@ -153,6 +156,7 @@ def compile_model(
             "config": cfg.to_dict(),
             "targets": [b.manifest_entry(options.for_targets(), ids) for b, ids in zip(builds, per_target)],
             "kv_cache": builds[0].kv_plan.to_dict(),
+            "precision": (plan.to_dict() if plan is not None else {"origin": "source", "weights": {}}),
             "prefetch": options.prefetch,
             "entries": [{"name": e.name, "tokens": e.m, "logits": "last" if e.last_only else "all"} for e in ENTRIES],
             "max_chunk": options.max_chunk,

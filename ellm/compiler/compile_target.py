@@ -9,6 +9,7 @@ from typing import Any, Callable
 from ..config import ModelConfig
 from ..errors import EllmError
 from ..kv.plan import KVPlan, parse_kv_type
+from ..precision import PrecisionPlan, quant_level_plan, weight_infos
 from ..targets import TargetPreset
 from .gguf_file import GGUFFile
 from .graph import Graph
@@ -33,24 +34,42 @@ class TargetOptions:
     max_chunk: int = 256
     activations: str = "auto"
     prefetch: bool = True
+    quant_level: int | None = None  # --quant-level 0/1/2 (precision/levels.py); None: the GGUF's types
 
 
-def pass_context(options: TargetOptions, preset: TargetPreset) -> PassContext:
+def precision_plan(gf: GGUFFile, cfg: ModelConfig, options: TargetOptions, g0: Graph | None = None) -> PrecisionPlan | None:
+    """The precision plan `options` ask for (None: every weight at its source type, KV as the options say)."""
+    if options.quant_level is None:
+        return None
+    g0 = g0 if g0 is not None else import_llama(gf, cfg)
+    infos = weight_infos(g0)
+    plan = quant_level_plan(options.quant_level, infos, cfg.n_layers)
+    plan.check(infos, cfg.n_layers)
+    return plan
+
+
+def pass_context(options: TargetOptions, preset: TargetPreset, plan: PrecisionPlan | None = None) -> PassContext:
     activations = chunks = options.activations
-    if activations == "auto":
+    if activations == "auto" and plan is not None and plan.activations is not None and preset.isa is not None:
+        activations = chunks = plan.activations
+    elif activations == "auto":
         activations, chunks = auto_activations(preset)
     elif activations != "f32" and preset.isa is None:
         raise EllmError(f"{activations} activations need integer dot products (AVX2 or later), which target {preset.name} lacks")
     assert activations in ACTIVATIONS
     kv = KVOptions(parse_kv_type(options.cache_type_k), parse_kv_type(options.cache_type_v), options.kv_block,
                    options.kv_recent, options.max_chunk)
-    return PassContext(preset, activations, chunks, kv)
+    return PassContext(preset, activations, chunks, kv, plan)
 
 
-def build_graph(gf: GGUFFile, cfg: ModelConfig, options: TargetOptions, preset: TargetPreset) -> tuple[Graph, Graph]:
-    """(imported graph, optimised graph)."""
+def build_graph(gf: GGUFFile, cfg: ModelConfig, options: TargetOptions, preset: TargetPreset,
+                plan: PrecisionPlan | None = None) -> tuple[Graph, Graph]:
+    """(imported graph, optimised graph). `plan`: the precision plan (default: the one `options` ask for)."""
     g0 = import_llama(gf, cfg)
-    return g0, run_pipeline(g0, pass_context(options, preset), disable=options.disable_passes, enable=options.enable_passes)
+    if plan is None:
+        plan = precision_plan(gf, cfg, options, g0)
+    ctx = pass_context(options, preset, plan)
+    return g0, run_pipeline(g0, ctx, disable=options.disable_passes, enable=options.enable_passes)
 
 
 @dataclass
@@ -93,7 +112,7 @@ class TargetBuild:
 
 
 def compile_target(graphs: tuple[Graph, Graph], options: TargetOptions, preset: TargetPreset, knob_lookup=None,
-                   log: Callable[[str], None] = lambda s: None) -> TargetBuild:
+                   log: Callable[[str], None] = lambda s: None, plan: PrecisionPlan | None = None) -> TargetBuild:
     """`graphs`: build_graph's (imported, optimised) graphs for this target."""
     from tvm import relax
 
@@ -107,6 +126,6 @@ def compile_target(graphs: tuple[Graph, Graph], options: TargetOptions, preset: 
     timings["tvm_compile"] = time.perf_counter() - t
     log(f"target {preset.name} ({preset.isa.label if preset.isa else 'float'}): "
         f"compiled {len(lowered.kernels)} kernels in {timings['tvm_compile']:.1f}s")
-    ctx = pass_context(options, preset)
+    ctx = pass_context(options, preset, plan)
     activations = {"steps": ctx.activations, "chunks": ctx.chunk_activations}
     return TargetBuild(preset, activations, g0, g, lowered, executable, timings)

@@ -7,18 +7,42 @@ from typing import Iterator
 import numpy as np
 
 from ..quant import QuantType, pack_rows
+from ..quant.requantize import requantize
 from ..quant.tiled import pack_tiled
 from .gguf_file import GGUFFile
 from .lower import ParamSpec
 
 
-def pack_param(gf: GGUFFile, spec: ParamSpec) -> np.ndarray:
+class _Sources:
+    """GGUF tensor bytes in the type a parameter stores them in: as the file has them, or re-quantised (the
+    precision plan lowered the tensor). The last re-quantised tensors are kept: a weight's components (quants,
+    scales, mins) are packed one after another from the same bytes."""
+
+    def __init__(self, gf: GGUFFile, keep: int = 4):
+        self.gf, self.keep = gf, keep
+        self.cache: dict[tuple[str, QuantType], np.ndarray] = {}
+
+    def raw(self, name: str, qtype: QuantType) -> np.ndarray:
+        src = self.gf.weight_format(name).qtype
+        if src is qtype:
+            return self.gf.raw(name)
+        key = (name, qtype)
+        if key not in self.cache:
+            if len(self.cache) >= self.keep:
+                del self.cache[next(iter(self.cache))]
+            self.cache[key] = requantize(self.gf.raw(name), src, qtype)
+        return self.cache[key]
+
+
+def pack_param(gf: GGUFFile, spec: ParamSpec, sources: _Sources | None = None) -> np.ndarray:
     """The array for one parameter, C-contiguous, with exactly `spec.shape` and `spec.dtype`."""
     if spec.qtype is None:
         arr = np.concatenate([gf.vector(s) for s in spec.sources]).astype(np.float32)
     else:
         qtype = QuantType[spec.qtype]
-        raw = np.concatenate([gf.raw(s) for s in spec.sources]) if len(spec.sources) > 1 else gf.raw(spec.sources[0])
+        sources = sources or _Sources(gf)
+        raws = [sources.raw(s, qtype) for s in spec.sources]
+        raw = np.concatenate(raws) if len(raws) > 1 else raws[0]
         pack = pack_tiled if spec.layout == "tile16" else pack_rows
         arr = pack(raw, qtype)[spec.component]
     arr = np.ascontiguousarray(arr)
@@ -29,5 +53,6 @@ def pack_param(gf: GGUFFile, spec: ParamSpec) -> np.ndarray:
 
 def pack_params(gf: GGUFFile, specs: list[ParamSpec]) -> Iterator[tuple[ParamSpec, np.ndarray]]:
     """Parameters one at a time (a fused weight is packed once per component: simple, and cheap)."""
+    sources = _Sources(gf)
     for spec in specs:
-        yield spec, pack_param(gf, spec)
+        yield spec, pack_param(gf, spec, sources)

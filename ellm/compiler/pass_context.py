@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..kv.plan import KVType
 from ..targets import TargetPreset
+
+if TYPE_CHECKING:
+    from ..precision import PrecisionPlan
 
 ACTIVATIONS = ("int8", "int16", "f32")
 
@@ -50,6 +54,8 @@ class PassContext:
     # (None: as steps)
     chunk_activations: str | None = None
     kv: KVOptions = field(default_factory=KVOptions)
+    # storage types below the source's, per weight and KV layer (None: weights as the GGUF stores them)
+    precision: PrecisionPlan | None = None
 
     def __post_init__(self) -> None:
         if self.chunk_activations is None:

@@ -8,6 +8,7 @@ from typing import Callable, Sequence
 from .graph import Graph
 from .pass_context import PassContext
 from .passes import (
+    apply_precision_plan,
     choose_weight_layout,
     fuse_attention_input,
     fuse_ffn,
@@ -29,6 +30,10 @@ class Phase:
 
 
 PIPELINE: tuple[Phase, ...] = (
+    Phase(
+        "precision",
+        (apply_precision_plan,),  # weights and KV layers at the plan's types (--quant-level, --precision auto)
+    ),
     Phase(
         "fusion",
         (
@@ -62,7 +67,7 @@ PIPELINE: tuple[Phase, ...] = (
 # in cache may gain.
 OPT_IN = frozenset({"fuse_ffn"})
 # Passes the lowering depends on: they cannot be disabled.
-REQUIRED = frozenset({"plan_kv_cache"})
+REQUIRED = frozenset({"plan_kv_cache", "apply_precision_plan"})
 
 
 def pass_names(pipeline: Sequence[Phase] = PIPELINE) -> list[str]:

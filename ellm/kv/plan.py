@@ -101,6 +101,12 @@ class KVPlan:
             raise EllmError("an f32 KV cache must be f32 for every layer, K and V")
 
     @classmethod
+    def per_layer(cls, n_kv_heads: int, head_dim: int, k: tuple[KVType, ...], v: tuple[KVType, ...], max_chunk: int,
+                  block: int = 64, recent: int = 2) -> KVPlan:
+        ring = recent + -(-max_chunk // block) + 1
+        return cls(n_kv_heads, head_dim, tuple(k), tuple(v), block, recent, ring)
+
+    @classmethod
     def uniform(cls, n_layers: int, n_kv_heads: int, head_dim: int, k: KVType, v: KVType, max_chunk: int,
                 block: int = 64, recent: int = 2) -> KVPlan:
         ring = recent + -(-max_chunk // block) + 1

@@ -1,5 +1,6 @@
 """Choose the KV cache's block layout and each layer's K and V precision, and tell every op that touches
-the cache which storage class its layer uses (kernels are specialised per class).
+the cache which storage class its layer uses (kernels are specialised per class). The
+types come from the precision plan where apply_precision_plan recorded one, else from the KV options.
 
 Attention also gets the precision its integer dot products round the query and the value weights to
 (`int_bits`): that of the one-token matmuls' activations (16 for int16, 8 for int8), so `--activations`
@@ -7,7 +8,7 @@ sets every integer factor of a step and prefill attention rounds as decode does.
 
 from __future__ import annotations
 
-from ...kv.plan import KVPlan
+from ...kv.plan import KVPlan, KVType
 from ..graph import Graph, OpKind
 from ..pass_context import PassContext
 
@@ -18,7 +19,13 @@ def plan_kv_cache(g: Graph, ctx: PassContext) -> Graph:
     g = g.copy()
     L, Hkv, _, hd = g.op("kv_cache").out.shape
     kv = ctx.kv
-    if kv.k is None or kv.v is None:
+    planned_k, planned_v = g.op("kv_cache").attr("planned_k"), g.op("kv_cache").attr("planned_v")
+    if planned_k is not None and (kv.k is None or kv.v is None):
+        # the precision plan's per-layer types; an explicit --cache-type-k/v overrides its side
+        k = (kv.k,) * int(L) if kv.k is not None else tuple(KVType(t) for t in planned_k)
+        v = (kv.v,) * int(L) if kv.v is not None else tuple(KVType(t) for t in planned_v)
+        plan = KVPlan.per_layer(int(Hkv), int(hd), k, v, kv.max_chunk, kv.block, kv.recent)
+    elif kv.k is None or kv.v is None:
         plan = KVPlan.auto(int(L), int(Hkv), int(hd), kv.max_chunk, kv.k, kv.v, kv.block, kv.recent)
     else:
         plan = KVPlan.uniform(int(L), int(Hkv), int(hd), kv.k, kv.v, kv.max_chunk, kv.block, kv.recent)

@@ -1,0 +1,142 @@
+"""Precision plans: candidate types capped at the source, the quant levels, the pass that applies a plan, and
+artifacts whose lowered weights compute what the re-quantised weights compute."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as G
+from gguf.quants import dequantize as gguf_dequantize
+from reference import NumpyLlama
+from synthetic import write_model
+
+import ellm
+from ellm.compiler.build import CompileOptions, build_graph, compile_model
+from ellm.compiler.compile_target import precision_plan
+from ellm.compiler.gguf_file import GGUFFile
+from ellm.compiler.graph import OpKind
+from ellm.config import ModelConfig
+from ellm.errors import EllmError
+from ellm.kv.plan import KVPlan, KVType
+from ellm.precision import PrecisionPlan, candidates, quant_level_plan, weight_infos
+from ellm.quant import QuantType as Q
+from ellm.quant.requantize import quantize
+from ellm.targets import resolve_target
+
+PRESET = resolve_target("x86-64-v3")  # graphs only: nothing here runs code for the target
+
+
+def _graphs(path, options=CompileOptions()):
+    gf = GGUFFile(path)
+    cfg = ModelConfig.from_gguf(gf)
+    return gf, cfg, *build_graph(gf, cfg, options, PRESET)
+
+
+def test_candidates_never_raise_and_respect_blocks():
+    assert candidates(Q.Q4_1, 576, 576) == [Q.Q4_1, Q.Q4_0]  # K-quants need rows of 256
+    assert candidates(Q.Q4_1, 576, 1536) == [Q.Q4_1, Q.Q4_K, Q.Q4_0]
+    assert candidates(Q.Q8_0, 49152, 576) == [Q.Q8_0, Q.Q4_1, Q.Q4_0]
+    assert candidates(Q.F16, 256, 512) == [Q.F16, Q.Q8_0, Q.Q6_K, Q.Q4_1, Q.Q4_K, Q.Q4_0]
+    assert candidates(Q.Q4_0, 256, 512) == [Q.Q4_0, Q.Q4_K]  # same bits per weight: allowed, never more
+    for src in Q:
+        if src is Q.BF16:
+            continue
+        for t in candidates(src, 256, 512):
+            assert t is src or (t.value != src.value and _bits(t) <= _bits(src))
+
+
+def _bits(t):
+    from ellm.precision.plan import bits
+
+    return bits(t)
+
+
+def test_quant_levels_on_the_default_model(model_path):
+    gf, cfg, g0, _ = _graphs(model_path)
+    infos = weight_infos(g0)
+    assert len(infos) == 7 * cfg.n_layers + 1
+    l0, l1, l2 = (quant_level_plan(n, infos, cfg.n_layers) for n in (0, 1, 2))
+    assert l0.weights == () and set(l0.kv_k) == set(l0.kv_v) == {KVType.F16} and l0.activations == "int16"
+    # SmolLM2: Q4_1 blocks, Q8_0 tied head. Level 1 cannot raise Q4_1 attention to 8 bits: it says so
+    assert l1.weights == () and set(l1.kv_k) == {KVType.Q8}
+    assert "never raises" in l1.notes[0] and "blk.0.attn_q.weight" in l1.notes[0]
+    # level 2: the head goes to 4 bits (Q4_1: its rows of 576 hold no K-quant super-block), Q4_1 stays Q4_1
+    assert dict(l2.weights) == {"token_embd.weight": Q.Q4_1}
+    assert set(l2.kv_k) == set(l2.kv_v) == {KVType.Q4} and l2.activations == "int8"
+    for p in (l0, l1, l2):
+        p.check(infos, cfg.n_layers)
+        assert PrecisionPlan.from_dict(json.loads(json.dumps(p.to_dict()))) == p
+
+
+def test_a_plan_cannot_raise_or_misfit(model_path):
+    gf, cfg, g0, _ = _graphs(model_path)
+    infos = weight_infos(g0)
+    with pytest.raises(EllmError, match="cannot be stored as Q8_0"):
+        PrecisionPlan(weights=(("blk.0.attn_q.weight", Q.Q8_0),)).check(infos, cfg.n_layers)
+    with pytest.raises(EllmError, match="cannot be stored as Q4_K"):
+        PrecisionPlan(weights=(("blk.0.attn_q.weight", Q.Q4_K),)).check(infos, cfg.n_layers)
+    with pytest.raises(EllmError, match="no weight"):
+        PrecisionPlan(weights=(("blk.99.attn_q.weight", Q.Q4_0),)).check(infos, cfg.n_layers)
+
+
+def test_the_pass_applies_the_plan_and_siblings_still_fuse(model_path):
+    gf, cfg, g0, g_src = _graphs(model_path)
+    _, _, _, g2 = _graphs(model_path, CompileOptions(quant_level=2))
+    assert g2.op_counts() == g_src.op_counts()  # lowering the head changed no fusion
+    head = next(op for _, op in g2.nodes() if op.kind is OpKind.LM_HEAD).weight
+    embd = next(op for _, op in g2.nodes() if op.kind is OpKind.EMBEDDING).weight
+    assert head.qtype is embd.qtype is Q.Q4_1  # tied: one tensor, one type
+    plan = KVPlan.from_key(g2.op("kv_cache").attr("kv_plan"))
+    assert set(plan.k) == set(plan.v) == {KVType.Q4}
+    # an explicit cache type overrides the plan's side
+    _, _, _, g3 = _graphs(model_path, CompileOptions(quant_level=2, cache_type_k="q8"))
+    plan3 = KVPlan.from_key(g3.op("kv_cache").attr("kv_plan"))
+    assert set(plan3.k) == {KVType.Q8} and set(plan3.v) == {KVType.Q4}
+
+
+def test_mixed_kv_layers_from_a_plan(model_path):
+    from ellm.compiler.compile_target import pass_context
+    from ellm.compiler.pipeline import run_pipeline
+
+    gf, cfg, g0, _ = _graphs(model_path)
+    k = tuple(KVType.Q8 if i % 3 == 0 else KVType.Q4 for i in range(cfg.n_layers))
+    v = tuple(KVType.F16 if i == 5 else KVType.Q4 for i in range(cfg.n_layers))
+    plan = PrecisionPlan(kv_k=k, kv_v=v, origin="test")
+    g = run_pipeline(g0, pass_context(CompileOptions(), PRESET, plan))
+    kv = KVPlan.from_key(g.op("kv_cache").attr("kv_plan"))
+    assert kv.k == k and kv.v == v
+
+
+def test_lowered_float_model_matches_requantised_reference(tmp_path):
+    """An F16 model at --quant-level 2 (KV and activations pinned, so only weights change): the artifact's
+    logits equal a float64 model whose weights are our re-quantiser's output, dequantised by gguf."""
+    types = {"q": G.F16, "k": G.F16, "v": G.F16, "o": G.F16, "gate": G.F16, "up": G.F16, "down": G.F16, "embd": G.F16}
+    path = write_model(tmp_path / "f16.gguf", types=types)
+    options = CompileOptions(cache_type_k="f32", cache_type_v="f32", activations="int16", quant_level=2)
+    art = compile_model(path, tmp_path / "art", options).path
+    manifest = json.loads((art / "manifest.json").read_text())
+    lowered = manifest["precision"]["weights"]
+    assert set(lowered.values()) == {"Q4_K"} and len(lowered) == 2 * 7 + 1  # d = 256, ff = 512: every row fits Q4_K
+    ref = NumpyLlama(path)
+    for name, t in lowered.items():
+        w = ref.w[name].astype(np.float32)
+        ref.w[name] = gguf_dequantize(quantize(w, Q[t]), getattr(G, t)).reshape(w.shape).astype(np.float64)
+    ref.head = ref.w.get("output.weight", ref.w["token_embd.weight"])
+    eng = ellm.load(art, threads=2)
+    ids = list(np.random.default_rng(0).integers(0, eng.config.vocab_size, 40))
+    got, want = eng.logits(ids), ref.forward(ids)
+    assert np.abs(got - want).max() <= 1e-3 * max(1.0, np.abs(want).max())
+    # and the source-precision reference is measurably different: the test sees the lowering
+    assert np.abs(got - NumpyLlama(path).forward(ids)).max() > 1e-2 * np.abs(want).max()
+
+
+def test_precision_plan_comes_from_options_only(model_path):
+    gf = GGUFFile(model_path)
+    cfg = ModelConfig.from_gguf(gf)
+    assert precision_plan(gf, cfg, CompileOptions()) is None
+    assert precision_plan(gf, cfg, replace(CompileOptions(), quant_level=1)).origin == "quant-level 1"
+    with pytest.raises(EllmError, match="quant-level"):
+        CompileOptions(quant_level=3)
