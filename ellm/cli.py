@@ -66,6 +66,11 @@ def compile_options(a: argparse.Namespace, target: str | None = None):
         activations=a.activations,
         prefetch=not a.no_prefetch,
         quant_level=a.quant_level,
+        precision=a.precision,
+        budget_mb=a.budget_mb,
+        budget_ratio=a.budget_ratio,
+        budget_ctx=a.budget_ctx,
+        calibration=a.calibration,
     )
 
 
@@ -83,6 +88,9 @@ def add_compile_option_args(c: argparse.ArgumentParser) -> None:
                    help="0: everything at its highest precision (the GGUF's weights, f16 KV, int16 activations); 1: attention "
                         "weights and the head at 8 bits, KV q8, FFN at 4 bits; 2: everything at 4 bits. Never above a "
                         "weight's source type")
+    from .precision.cli import add_precision_args
+
+    add_precision_args(c)
     c.add_argument("--no-prefetch", action="store_true", help="compile without software prefetch")
     c.add_argument("--max-chunk", type=_positive_int, default=256, help="most tokens per prefill step (default 256)")
 
@@ -197,6 +205,15 @@ def describe_target(art) -> str:
 def cmd_inspect(a: argparse.Namespace) -> int:
     from .compiler.inspect import inspect_model
 
+    if a.precision:
+        from .precision.report import inspect_precision
+
+        from .compiler.build import CompileOptions
+
+        options = CompileOptions(precision="auto", budget_mb=a.budget_mb, budget_ratio=a.budget_ratio,
+                                 budget_ctx=a.budget_ctx, calibration=a.calibration)
+        print(inspect_precision(a.model, options, a.plot, a.json, log=lambda s: print(s, file=sys.stderr)))
+        return 0
     print(inspect_model(a.model, *kv_types(a), as_json=a.json))
     return 0
 
@@ -344,6 +361,12 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("inspect", help="summarise a model's graph: ops, weight bytes per type, KV bytes per token")
     i.add_argument("model", nargs="?", help="GGUF file (default: the bundled model)")
     add_kv_type_args(i)
+    i.add_argument("--precision", action="store_true",
+                   help="the measured sensitivity per layer and part, the auto plan at the budget and its check")
+    from .precision.cli import add_budget_args
+
+    add_budget_args(i)
+    i.add_argument("--plot", metavar="FILE.png", help="with --precision: the sensitivity heat map")
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=cmd_inspect)
 

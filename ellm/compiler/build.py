@@ -49,6 +49,19 @@ class CompileOptions(TargetOptions):
             raise EllmError(f"unknown pass(es) {sorted(unknown)}; passes are: {', '.join(pass_names())}")
         if self.quant_level is not None and self.quant_level not in (0, 1, 2):
             raise EllmError(f"--quant-level must be 0, 1 or 2, got {self.quant_level}")
+        if self.precision not in ("source", "auto"):
+            raise EllmError(f"--precision must be source or auto, got {self.precision!r}")
+        if self.precision == "auto" and self.quant_level is not None:
+            raise EllmError("--precision auto plans from measurements; --quant-level is a fixed recipe: pick one")
+        if (self.budget_mb is not None or self.budget_ratio is not None) and self.precision != "auto":
+            raise EllmError("--budget-mb and --budget-ratio need --precision auto")
+        if self.budget_mb is not None and self.budget_ratio is not None:
+            raise EllmError("give --budget-mb or --budget-ratio, not both")
+        for b in (self.budget_mb, self.budget_ratio):
+            if b is not None and not b > 0:
+                raise EllmError(f"the byte budget must be positive, got {b}")
+        if self.budget_ctx < 1:
+            raise EllmError(f"--budget-ctx must be positive, got {self.budget_ctx}")
         if not self.target_names():
             raise EllmError("--target needs at least one preset name or auto")
 
@@ -115,7 +128,7 @@ def compile_model(
     cfg = ModelConfig.from_gguf(gf)
     tokenizer = Tokenizer.from_gguf(gf)
     presets = options.presets()
-    plan = precision_plan(gf, cfg, options)
+    plan = precision_plan(gf, cfg, options, log=log)
     graphs = [build_graph(gf, cfg, options, p, plan) for p in presets]  # import (and validate) before any TVM work
     log(f"model {model_path.name}: {cfg.arch}, {cfg.n_layers} layers, target{'s' if len(presets) > 1 else ''} "
         f"{', '.join(p.name for p in presets)}")

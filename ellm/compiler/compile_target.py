@@ -35,15 +35,34 @@ class TargetOptions:
     activations: str = "auto"
     prefetch: bool = True
     quant_level: int | None = None  # --quant-level 0/1/2 (precision/levels.py); None: the GGUF's types
+    precision: str = "source"  # "auto": the measured plan under the byte budget (precision/auto.py)
+    budget_mb: float | None = None  # bytes read per decoded token at budget_ctx, in 10^6 bytes ...
+    budget_ratio: float | None = None  # ... or as a share of today's default (source weights, rule-based KV)
+    budget_ctx: int = 8192
+    calibration: str | None = None  # calibration text file (default: Python's language reference)
 
 
-def precision_plan(gf: GGUFFile, cfg: ModelConfig, options: TargetOptions, g0: Graph | None = None) -> PrecisionPlan | None:
-    """The precision plan `options` ask for (None: every weight at its source type, KV as the options say)."""
-    if options.quant_level is None:
+def precision_plan(gf: GGUFFile, cfg: ModelConfig, options: TargetOptions, g0: Graph | None = None,
+                   log: Callable[[str], None] = lambda s: None, check: bool = True) -> PrecisionPlan | None:
+    """The precision plan `options` ask for (None: every weight at its source type, KV as the options say).
+    `--precision auto` measures the model once (cached by its sha256 and the calibration text); `check`
+    then measures the chosen plan as a whole."""
+    if options.quant_level is None and options.precision == "source":
         return None
     g0 = g0 if g0 is not None else import_llama(gf, cfg)
     infos = weight_infos(g0)
-    plan = quant_level_plan(options.quant_level, infos, cfg.n_layers)
+    if options.quant_level is not None:
+        plan = quant_level_plan(options.quant_level, infos, cfg.n_layers)
+    else:
+        from ..precision.auto import Budget, auto_plan
+        from ..precision.calibration import Calibration
+        from ..precision.planner import KVGeometry
+        from ..runtime.tokenizer import Tokenizer
+
+        budget = Budget(options.budget_mb, options.budget_ratio, options.budget_ctx)
+        kv = KVGeometry(cfg.n_kv_heads, cfg.head_dim, options.kv_block, options.kv_recent, options.max_chunk)
+        plan = auto_plan(gf, cfg, Tokenizer.from_gguf(gf), infos, budget, kv, Calibration.load(options.calibration),
+                         log=log, check=check)
     plan.check(infos, cfg.n_layers)
     return plan
 

@@ -15,7 +15,8 @@ def is_reference(art: Artifact) -> bool:
     from ..kv.plan import KVType
 
     plan = art.kv_plan
-    return set(plan.k) == set(plan.v) == {KVType.F16}
+    lowered = art.manifest.get("precision", {}).get("weights", {})  # weights stored below their source type
+    return set(plan.k) == set(plan.v) == {KVType.F16} and not lowered
 
 
 def activations_of(art: Artifact) -> str:

@@ -204,16 +204,16 @@ class KVPlan:
             total += n * np.dtype(s.dtype).itemsize
         return total
 
-    def read_bytes(self, ctx: int, attention, layer: int | None = None) -> int:
+    def read_bytes(self, ctx: int, attention, layer: int | None = None, kinds: tuple[str, ...] = ("k", "v")) -> int:
         """Bytes of the stores a query at position ctx - 1 reads with `attention` (an AttentionConfig, before
         widening): the K and V blocks of the keys it reads (whole blocks) and the K summaries or params of the
-        candidate blocks it bounds, at the types of `layer`, or summed over every layer."""
+        candidate blocks it bounds, at the types of `layer`, or summed over every layer (`kinds`: K, V or both)."""
         import numpy as np
 
         keys, candidates = attention.blocks_read(ctx, self.block, self.recent)
         total = 0
         for i in range(self.n_layers) if layer is None else (layer,):
-            for kind in ("k", "v"):
+            for kind in kinds:
                 for st in self.store_tensors(kind, getattr(self, kind)[i]):  # [slots, heads, NB, ...]
                     b = int(np.prod([int(d) for d in st.shape[1:] if d != "NB"])) * np.dtype(st.dtype).itemsize
                     total += b * -(-keys // self.block)

@@ -1,0 +1,199 @@
+"""The sensitivity analysis: for each layer and part, the KL divergence of next-token distributions that
+lowering that part alone to each candidate precision causes, on calibration text. Cached per model and text.
+
+Parts: every weight (Q, K, V, O, gate, up, down, the output head) at each type `candidates` allows; each
+layer's K cache and V cache at q8 and q4, measured at long context (`kv_ctx` tokens, scoring the last
+`kv_scored`) through the block store's numerics; each layer's matmul inputs rounded to int8 (what 8-bit
+activations cost). Weight and activation parts are scored on `tokens` calibration tokens in sequences of
+`seq`. Everything runs on the float model (precision/model.py), re-run from the layer the part is in.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .. import __version__
+from ..compiler.gguf_file import GGUFFile
+from ..config import ModelConfig
+from ..errors import EllmError
+from ..fsutil import atomic_write_text
+from ..kv.plan import KVType
+from ..quant.requantize import dequantize, requantize
+from .calibration import Calibration
+from .divergence import Reference
+from .kv_read import BlockReader
+from .model import FloatModel, LayerEdit
+from .plan import WeightInfo
+
+VERSION = 1  # of the measurement method: a cached table from another version is measured again
+KV_CANDIDATES = (KVType.Q8, KVType.Q4)
+
+
+@dataclass(frozen=True)
+class AnalysisSettings:
+    tokens: int = 512  # weight and activation parts: calibration tokens run
+    seq: int = 512  # ... in sequences of this length
+    stride: int = 2  # ... scoring every stride-th position (the head and the KL are half of a measurement's work)
+    kv_ctx: int = 4096  # K and V parts: the context
+    kv_scored: int = 256  # ... of which the last positions are scored
+    block: int = 64  # the KV cache's block and recent tier
+    recent: int = 2
+
+    def __post_init__(self) -> None:
+        if self.tokens < self.seq or self.tokens % self.seq or self.seq < 16 or not 1 <= self.stride < self.seq:
+            raise EllmError("analysis: tokens must be a positive multiple of seq (>= 16), stride in [1, seq)")
+        if not 0 < self.kv_scored < self.kv_ctx or self.kv_scored % self.block or self.kv_ctx % self.block:
+            raise EllmError("analysis: kv_scored must be below kv_ctx, both whole blocks")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    part: str  # a weight's GGUF name, "blk.N.k_cache", "blk.N.v_cache" or "blk.N.activations"
+    kind: str  # q, k, v, o, gate, up, down, head, k_cache, v_cache, activations
+    layer: int | None
+    type: str  # QuantType name, KVType value, or "int8"
+    kl: float  # mean KL(unmodified || lowered), nats per token
+    top1: float  # fraction of positions whose most likely token is unchanged
+
+
+@dataclass
+class SensitivityTable:
+    model_sha256: str
+    calibration: str
+    calibration_sha256: str
+    settings: AnalysisSettings
+    measurements: list[Measurement] = field(default_factory=list)
+    seconds: float = 0.0
+    version: int = VERSION
+
+    def kl(self, part: str, type_: str) -> float:
+        """The measured KL of lowering `part` to `type_` (0 for its source type)."""
+        for m in self.measurements:
+            if m.part == part and m.type == type_:
+                return m.kl
+        raise KeyError((part, type_))
+
+    def has(self, part: str, type_: str) -> bool:
+        return any(m.part == part and m.type == type_ for m in self.measurements)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["ellm_version"] = __version__
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SensitivityTable:
+        return cls(d["model_sha256"], d["calibration"], d["calibration_sha256"], AnalysisSettings(**d["settings"]),
+                   [Measurement(**m) for m in d["measurements"]], d["seconds"], d["version"])
+
+
+def _map(tasks: list, what: str, t0: float, log: Callable[[str], None]) -> list[Measurement]:
+    """Run measurement tasks on two threads, each with a one-thread BLAS: NumPy releases the GIL in its kernels,
+    and a measurement's softmax, attention and elementwise work is single-threaded (1.3x over one thread with
+    a two-thread BLAS here). Results in task order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from threadpoolctl import threadpool_limits
+
+    out: list[Measurement] = []
+    with threadpool_limits(1), ThreadPoolExecutor(2) as ex:
+        for i, m in enumerate(ex.map(lambda f: f(), tasks)):
+            out.append(m)
+            if (i + 1) % 30 == 0 or i + 1 == len(tasks):
+                log(f"sensitivity: {what} {i + 1}/{len(tasks)} ({time.perf_counter() - t0:.0f} s)")
+    return out
+
+
+def _cache_path(model_sha: str, calib_sha: str, settings: AnalysisSettings) -> Path:
+    from ..demo import cache_root
+
+    tag = json.dumps(asdict(settings), sort_keys=True)
+    import hashlib
+
+    key = hashlib.sha256(f"{model_sha}:{calib_sha}:{tag}:{VERSION}".encode()).hexdigest()[:20]
+    return cache_root() / "sensitivity" / f"{model_sha[:12]}-{key}.json"
+
+
+def load_or_analyse(gf: GGUFFile, cfg: ModelConfig, tokenizer, infos: list[WeightInfo], calibration: Calibration,
+                    settings: AnalysisSettings = AnalysisSettings(), log: Callable[[str], None] = lambda s: None,
+                    cache: bool = True) -> SensitivityTable:
+    """The table for this model and text: from the cache, or measured (and cached)."""
+    model_sha = gf.sha256()
+    path = _cache_path(model_sha, calibration.sha256, settings)
+    if cache and path.is_file():
+        try:
+            table = SensitivityTable.from_dict(json.loads(path.read_text()))
+            if table.version == VERSION:
+                log(f"sensitivity analysis: reusing {path} (measured in {table.seconds:.0f} s)")
+                return table
+        except (ValueError, KeyError, TypeError):
+            pass  # a damaged cache entry is measured again
+    table = analyse(gf, cfg, tokenizer, infos, calibration, settings, log)
+    if cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(table.to_dict(), indent=0))
+    return table
+
+
+def analyse(gf: GGUFFile, cfg: ModelConfig, tokenizer, infos: list[WeightInfo], calibration: Calibration,
+            settings: AnalysisSettings = AnalysisSettings(), log: Callable[[str], None] = lambda s: None) -> SensitivityTable:
+    t0 = time.perf_counter()
+    s = settings
+    ids = np.asarray(calibration.tokens(tokenizer, s.tokens + s.kv_ctx))
+    model = FloatModel(gf, cfg, max_ctx=max(s.kv_ctx, s.seq))
+    table = SensitivityTable(gf.sha256(), calibration.name, calibration.sha256, s)
+    out = table.measurements
+
+    # weights and activations: short sequences, every position scored
+    seqs = ids[: s.tokens].reshape(-1, s.seq)
+    runs = [model.run(q)[0] for q in seqs]  # per sequence: layer inputs [L + 1] of [seq, d]
+    ref = Reference(np.concatenate([model.logits(r[-1][:: s.stride]) for r in runs]))
+
+    def score(final: list[np.ndarray]) -> tuple[float, float]:
+        z = np.concatenate([model.logits(x[:: s.stride]) for x in final])
+        return float(ref.kl(z).mean()), ref.top1_agree(z)
+
+    def weight_task(layer: int, info: WeightInfo, t) -> Measurement:
+        w = dequantize(requantize(gf.raw(info.name), info.source, t), t)
+        kl, top1 = score([model.rerun(layer, r[layer], 0, {layer: LayerEdit(weights={info.name: w})}) for r in runs])
+        return Measurement(info.name, info.part, layer, t.name, kl, top1)
+
+    def act_task(layer: int) -> Measurement:
+        kl, top1 = score([model.rerun(layer, r[layer], 0, {layer: LayerEdit(act_bits=8)}) for r in runs])
+        return Measurement(f"blk.{layer}.activations", "activations", layer, "int8", kl, top1)
+
+    def head_task(info: WeightInfo, t) -> Measurement:
+        w = dequantize(requantize(gf.raw(info.name), info.source, t), t)
+        z = np.concatenate([model.head_input(r[-1][:: s.stride]) for r in runs]) @ w.T
+        return Measurement(info.name, "head", None, t.name, float(ref.kl(z).mean()), ref.top1_agree(z))
+
+    tasks = [partial(weight_task, i.layer, i, t) for i in infos if i.layer is not None for t in i.candidates()[1:]]
+    tasks += [partial(act_task, layer) for layer in range(cfg.n_layers)]
+    tasks += [partial(head_task, i, t) for i in infos if i.layer is None for t in i.candidates()[1:]]
+    out += _map(tasks, "weights and activations", t0, log)
+
+    # K and V caches: one long context, the last kv_scored positions scored, the prefix's cache as written
+    kv_ids = ids[s.tokens : s.tokens + s.kv_ctx]
+    P = s.kv_ctx - s.kv_scored
+    xs, kvs = model.run(kv_ids, keep_kv=True, keep_from=P)
+    past = [(k[:P], v[:P]) for k, v in kvs]
+    kv_ref = Reference(model.logits(xs[-1]))
+
+    def kv_task(layer: int, side: str, t: KVType) -> Measurement:
+        reader = BlockReader(side, t, s.block, s.recent)
+        edit = LayerEdit(read_k=reader) if side == "k" else LayerEdit(read_v=reader)
+        z = model.logits(model.rerun(layer, xs[layer], P, {layer: edit}, past, chunk=s.block))
+        return Measurement(f"blk.{layer}.{side}_cache", f"{side}_cache", layer, t.value, float(kv_ref.kl(z).mean()),
+                           kv_ref.top1_agree(z))
+
+    tasks = [partial(kv_task, layer, side, t) for layer in range(cfg.n_layers) for side in ("k", "v") for t in KV_CANDIDATES]
+    out += _map(tasks, "KV cache", t0, log)
+    table.seconds = time.perf_counter() - t0
+    return table

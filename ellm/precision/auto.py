@@ -1,0 +1,128 @@
+"""`--precision auto`: measure (or reuse) the model's sensitivities, plan under the byte budget, then measure
+the chosen plan as a whole to check the planner's additivity assumption."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..compiler.gguf_file import GGUFFile
+from ..config import ModelConfig
+from ..errors import EllmError
+from ..kv.attention import AttentionConfig
+from ..kv.plan import KVPlan
+from .analysis import AnalysisSettings, SensitivityTable, load_or_analyse
+from .calibration import Calibration
+from .divergence import Reference
+from .kv_read import BlockReader
+from .model import FloatModel, LayerEdit
+from .plan import PrecisionPlan, WeightInfo
+from .planner import Decision, KVGeometry, decisions, plan_bytes, solve, to_plan
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Bytes read per decoded token at `ctx`: `mb` (10^6 bytes) outright, or `ratio` of today's default
+    (source weights, the rule-based `auto` KV plan)."""
+
+    mb: float | None = None
+    ratio: float | None = None
+    ctx: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.mb is not None and self.ratio is not None:
+            raise EllmError("give --budget-mb or --budget-ratio, not both")
+        if (self.mb is not None and not self.mb > 0) or (self.ratio is not None and not self.ratio > 0):
+            raise EllmError("the byte budget must be positive")
+        if self.ctx < 1:
+            raise EllmError(f"--budget-ctx must be positive, got {self.ctx}")
+
+    def bytes(self, default_bytes: int) -> int:
+        if self.mb is not None:
+            return int(self.mb * 1e6)
+        return int((1.0 if self.ratio is None else self.ratio) * default_bytes)
+
+
+def fixed_bytes(cfg: ModelConfig, infos: list[WeightInfo]) -> int:
+    """What a step reads besides the planned weights and KV: one embedding row and the norm vectors."""
+    embd = next(i for i in infos if i.part == "head") if cfg.tied_embeddings else None
+    row = embd.nbytes(embd.source) // embd.rows if embd is not None else 0
+    return row + 4 * cfg.d_model * (2 * cfg.n_layers + 1)
+
+
+def default_step_bytes(ds: list[Decision], cfg: ModelConfig, kv: KVGeometry, ctx: int, attention: AttentionConfig) -> int:
+    """Bytes per token of today's default compile: every weight at its source type, the rule-based KV plan."""
+    rule = KVPlan.auto(cfg.n_layers, kv.n_kv_heads, kv.head_dim, kv.max_chunk, None, None, kv.block, kv.recent)
+    weights = sum(d.choices[0].bytes for d in ds if d.kind == "weights")
+    return weights + rule.read_bytes(ctx, attention)
+
+
+def auto_plan(gf: GGUFFile, cfg: ModelConfig, tokenizer, infos: list[WeightInfo], budget: Budget, kv: KVGeometry,
+              calibration: Calibration, settings: AnalysisSettings = AnalysisSettings(),
+              log: Callable[[str], None] = lambda s: None, check: bool = True) -> PrecisionPlan:
+    table = load_or_analyse(gf, cfg, tokenizer, infos, calibration, settings, log)
+    attention = AttentionConfig()
+    ds = decisions(infos, table, cfg.n_layers, kv, budget.ctx, attention)
+    fixed = fixed_bytes(cfg, infos)
+    default = default_step_bytes(ds, cfg, kv, budget.ctx, attention) + fixed
+    limit = budget.bytes(default)
+    picks = solve(ds, limit - fixed)
+    chosen = plan_bytes(ds, picks) + fixed
+    origin = f"auto: {limit / 1e6:.2f} MB per token at {budget.ctx} ({limit / default:.0%} of the default)"
+    plan = to_plan(ds, picks, cfg.n_layers, origin,
+                   ("candidates never exceed a tensor's source type: bytes are only ever saved, never spent raising",))
+    summary = {"model_sha256": table.model_sha256, "calibration": table.calibration,
+               "calibration_sha256": table.calibration_sha256, "analysis_seconds": round(table.seconds, 1),
+               "measurements": len(table.measurements), "budget_ctx": budget.ctx, "budget_bytes": limit,
+               "default_bytes": default, "plan_bytes": chosen}
+    if check:
+        t = time.perf_counter()
+        measured = measure_plan(gf, cfg, tokenizer, plan, table, calibration)
+        summary.update(measured)
+        summary["check_seconds"] = round(time.perf_counter() - t, 1)
+        log(f"precision plan: predicted KL {plan.predicted_kl:.4f}, measured {measured['measured_kl']:.4f} "
+            f"(weights {measured['measured_kl_weights']:.4f}, KV {measured['measured_kl_kv']:.4f}) nats per token")
+    log(f"precision plan: {chosen / 1e6:.2f} MB per token at {budget.ctx} (budget {limit / 1e6:.2f}, default "
+        f"{default / 1e6:.2f})")
+    return PrecisionPlan(plan.weights, plan.kv_k, plan.kv_v, plan.activations, plan.origin, plan.notes,
+                         plan.predicted_kl, summary)
+
+
+def measure_plan(gf: GGUFFile, cfg: ModelConfig, tokenizer, plan: PrecisionPlan, table: SensitivityTable,
+                 calibration: Calibration) -> dict:
+    """The whole plan's KL on the float model, all parts lowered at once, split as the parts were measured:
+    weights and head on the short calibration sequences, K and V caches at long context."""
+    from ..quant.requantize import dequantize, requantize
+
+    s = table.settings
+    ids = np.asarray(calibration.tokens(tokenizer, s.tokens + s.kv_ctx))
+    model = FloatModel(gf, cfg, max_ctx=max(s.kv_ctx, s.seq))
+    lowered = {name: dequantize(requantize(gf.raw(name), gf.weight_format(name).qtype, t), t) for name, t in plan.weights}
+    edits: dict[int, LayerEdit] = {}
+    for name, w in lowered.items():
+        if name.startswith("blk."):
+            layer = int(name.split(".")[1])
+            edits.setdefault(layer, LayerEdit(weights={})).weights[name] = w
+    head = lowered.get(model.head_name)
+    kls = []
+    for seq in ids[: s.tokens].reshape(-1, s.seq):
+        x0 = model.embed(seq)
+        ref = Reference(model.logits(model.rerun(0, x0, 0, {})[:: s.stride]))
+        h = model.head_input(model.rerun(0, x0, 0, edits)[:: s.stride])
+        kls.append(ref.kl(h @ (head if head is not None else model.w[model.head_name]).T))
+    kl_w = float(np.concatenate(kls).mean())
+    kv_edits = {i: LayerEdit(read_k=BlockReader("k", kt, s.block, s.recent), read_v=BlockReader("v", vt, s.block, s.recent))
+                for i, (kt, vt) in enumerate(zip(plan.kv_k, plan.kv_v)) if not (kt.is_float and vt.is_float)}
+    kl_kv = 0.0
+    if kv_edits:
+        kv_ids = ids[s.tokens : s.tokens + s.kv_ctx]
+        P = s.kv_ctx - s.kv_scored
+        xs, kvs = model.run(kv_ids, keep_kv=True, keep_from=P)
+        past = [(k[:P], v[:P]) for k, v in kvs]
+        ref = Reference(model.logits(xs[-1]))
+        kl_kv = float(ref.kl(model.logits(model.rerun(0, xs[0], P, kv_edits, past, chunk=s.block))).mean())
+    return {"predicted_kl": plan.predicted_kl, "measured_kl": kl_w + kl_kv, "measured_kl_weights": kl_w,
+            "measured_kl_kv": kl_kv}
