@@ -131,3 +131,40 @@ def test_analysis_of_a_tiny_model_is_cached(tmp_path, monkeypatch):
     assert kl("k_cache", "q4") > kl("k_cache", "q8") and kl("down", "Q4_0") > kl("down", "Q6_K")
     again = load_or_analyse(gf, cfg, Tokenizer.from_gguf(gf), infos, text, settings, log=print)
     assert again.measurements == table.measurements and again.seconds == table.seconds  # from the cache
+
+
+def test_plan_of_a_tiny_model_under_budgets(tmp_path, monkeypatch):
+    """Decisions group fused siblings, a user-fixed cache type is the only choice of its side, and a smaller
+    budget never gets a lower predicted KL."""
+    from ellm.kv.attention import AttentionConfig
+    from ellm.precision import weight_infos
+    from ellm.precision.analysis import AnalysisSettings, load_or_analyse
+    from ellm.precision.calibration import Calibration
+    from ellm.precision.planner import KVGeometry, decisions, plan_bytes, to_plan
+    from ellm.runtime.tokenizer import Tokenizer
+
+    monkeypatch.setenv("ELLM_CACHE", str(tmp_path / "cache"))
+    path = write_model(tmp_path / "m.gguf", n_layers=2, types={"q": 8, "k": 8, "v": 8})  # Q8_0 attention
+    gf = GGUFFile(path)
+    cfg = ModelConfig.from_gguf(gf)
+    infos = weight_infos(import_llama(gf, cfg))
+    settings = AnalysisSettings(tokens=128, seq=64, stride=1, kv_ctx=256, kv_scored=64)
+    table = load_or_analyse(gf, cfg, Tokenizer.from_gguf(gf), infos, Calibration("t", "the then thin that " * 400), settings)
+    kv = KVGeometry(cfg.n_kv_heads, cfg.head_dim)
+    ds = decisions(infos, table, cfg.n_layers, kv, 256, AttentionConfig())
+    names = [d.name for d in ds]
+    assert "blk.0.q+k+v" in names and "blk.0.gate+up" in names and "blk.1.v_cache" in names
+    qkv = ds[names.index("blk.0.q+k+v")]
+    assert [c.type for c in qkv.choices] == ["Q8_0", "Q6_K", "Q4_1", "Q4_K", "Q4_0"]  # d = 256: K-quants fit
+    fixed = decisions(infos, table, cfg.n_layers, kv, 256, AttentionConfig(), fixed_k=KVType.Q8)
+    assert all([c.type for c in d.choices] == ["q8"] for d in fixed if d.kind == "k")
+    full = sum(d.choices[0].bytes for d in ds)
+    last = -1.0
+    for ratio in (1.0, 0.85, 0.7):
+        picks = solve(ds, int(ratio * full))
+        plan = to_plan(ds, picks, cfg.n_layers, "test")
+        assert plan_bytes(ds, picks) <= ratio * full
+        assert plan.predicted_kl >= last
+        last = plan.predicted_kl
+        plan.check(infos, cfg.n_layers)
+    assert dict(plan.weights)  # at 70% something was lowered

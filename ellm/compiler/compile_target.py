@@ -61,8 +61,9 @@ def precision_plan(gf: GGUFFile, cfg: ModelConfig, options: TargetOptions, g0: G
 
         budget = Budget(options.budget_mb, options.budget_ratio, options.budget_ctx)
         kv = KVGeometry(cfg.n_kv_heads, cfg.head_dim, options.kv_block, options.kv_recent, options.max_chunk)
+        fixed = (parse_kv_type(options.cache_type_k), parse_kv_type(options.cache_type_v))
         plan = auto_plan(gf, cfg, Tokenizer.from_gguf(gf), infos, budget, kv, Calibration.load(options.calibration),
-                         log=log, check=check)
+                         log=log, check=check, fixed_kv=fixed)
     plan.check(infos, cfg.n_layers)
     return plan
 

@@ -13,7 +13,7 @@ from ..compiler.gguf_file import GGUFFile
 from ..config import ModelConfig
 from ..errors import EllmError
 from ..kv.attention import AttentionConfig
-from ..kv.plan import KVPlan
+from ..kv.plan import KVPlan, KVType
 from .analysis import AnalysisSettings, SensitivityTable, load_or_analyse
 from .calibration import Calibration
 from .divergence import Reference
@@ -62,10 +62,12 @@ def default_step_bytes(ds: list[Decision], cfg: ModelConfig, kv: KVGeometry, ctx
 
 def auto_plan(gf: GGUFFile, cfg: ModelConfig, tokenizer, infos: list[WeightInfo], budget: Budget, kv: KVGeometry,
               calibration: Calibration, settings: AnalysisSettings = AnalysisSettings(),
-              log: Callable[[str], None] = lambda s: None, check: bool = True) -> PrecisionPlan:
+              log: Callable[[str], None] = lambda s: None, check: bool = True,
+              fixed_kv: tuple[KVType | None, KVType | None] = (None, None)) -> PrecisionPlan:
+    """`fixed_kv`: K and V cache types the user chose (None: planned)."""
     table = load_or_analyse(gf, cfg, tokenizer, infos, calibration, settings, log)
     attention = AttentionConfig()
-    ds = decisions(infos, table, cfg.n_layers, kv, budget.ctx, attention)
+    ds = decisions(infos, table, cfg.n_layers, kv, budget.ctx, attention, *fixed_kv)
     fixed = fixed_bytes(cfg, infos)
     default = default_step_bytes(ds, cfg, kv, budget.ctx, attention) + fixed
     limit = budget.bytes(default)

@@ -72,7 +72,9 @@ def _weight_groups(infos: list[WeightInfo]) -> list[list[WeightInfo]]:
 
 
 def decisions(infos: list[WeightInfo], table: SensitivityTable, n_layers: int, kv: KVGeometry, ctx: int,
-              attention: AttentionConfig) -> list[Decision]:
+              attention: AttentionConfig, fixed_k: KVType | None = None, fixed_v: KVType | None = None) -> list[Decision]:
+    """Every decision and its choices. `fixed_k`/`fixed_v`: a cache type the user chose (--cache-type-k/v):
+    that side's only choice, its bytes still counted."""
     out = []
     for members in _weight_groups(infos):
         types = [t for t in members[0].candidates() if all(t in m.candidates() for m in members)]
@@ -89,11 +91,11 @@ def decisions(infos: list[WeightInfo], table: SensitivityTable, n_layers: int, k
         name = m0.name if len(members) == 1 else f"blk.{m0.layer}.{'+'.join(m.part for m in members)}"
         out.append(Decision(name, "weights", m0.layer, tuple(m.name for m in members), tuple(choices)))
     for layer in range(n_layers):
-        for side in ("k", "v"):
+        for side, fixed in (("k", fixed_k), ("v", fixed_v)):
             part = f"blk.{layer}.{side}_cache"
-            choices = tuple(Choice(t.value, kv.side_bytes(side, t, ctx, attention),
-                                   0.0 if t is KVType.F16 else table.kl(part, t.value))
-                            for t in KV_CHOICES if t is KVType.F16 or table.has(part, t.value))
+            kl = lambda t: 0.0 if t.is_float else table.kl(part, t.value)  # noqa: E731
+            types = (fixed,) if fixed is not None else [t for t in KV_CHOICES if t.is_float or table.has(part, t.value)]
+            choices = tuple(Choice(t.value, kv.side_bytes(side, t, ctx, attention), kl(t)) for t in types)
             out.append(Decision(part, side, layer, (part,), choices))
     return out
 
