@@ -140,3 +140,44 @@ def test_precision_plan_comes_from_options_only(model_path):
     assert precision_plan(gf, cfg, replace(CompileOptions(), quant_level=1)).origin == "quant-level 1"
     with pytest.raises(EllmError, match="quant-level"):
         CompileOptions(quant_level=3)
+
+
+def test_precision_options_fail_clearly(tmp_path, capsys):
+    from ellm.cli import main
+
+    for argv, msg in (
+        (["compile", "-o", str(tmp_path / "a"), "--budget-mb", "90"], "need --precision auto"),
+        (["compile", "-o", str(tmp_path / "b"), "--precision", "auto", "--quant-level", "1"], "pick one"),
+        (["compile", "-o", str(tmp_path / "c"), "--precision", "auto", "--budget-ratio", "-1"], "must be positive"),
+        (["compile", "-o", str(tmp_path / "d"), "--precision", "auto", "--calibration", str(tmp_path / "none.txt")],
+         "cannot read calibration text"),
+    ):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert msg in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / argv[2]).exists()
+
+
+def test_auto_precision_compiles_checks_and_reuses(tmp_path, monkeypatch):
+    """`--precision auto` end to end on a tiny model: the plan fits its budget, is measured whole, lands in
+    the manifest, and a second compile reuses the analysis and the check. (A random model's KLs are ~1e-7:
+    here the sum of single-part KLs only has to get the order of magnitude; bench/sensitivity_transfer.py
+    holds SmolLM2's plans to a factor of 2.)"""
+    monkeypatch.setenv("ELLM_CACHE", str(tmp_path / "cache"))
+    types = {"q": G.Q8_0, "k": G.Q8_0, "v": G.Q8_0, "o": G.Q8_0, "gate": G.Q8_0, "up": G.Q8_0, "down": G.Q8_0}
+    path = write_model(tmp_path / "m.gguf", types=types)
+    options = CompileOptions(precision="auto", budget_ratio=0.7)
+    logs: list[str] = []
+    art = compile_model(path, tmp_path / "a", options, log=logs.append).path
+    p = json.loads((art / "manifest.json").read_text())["precision"]
+    a = p["analysis"]
+    assert p["origin"].startswith("auto") and p["weights"] and a["plan_bytes"] <= a["budget_bytes"]
+    assert abs(a["budget_bytes"] - 0.7 * a["default_bytes"]) <= 1
+    assert 0.25 <= a["measured_kl"] / a["predicted_kl"] <= 4, a
+    eng = ellm.load(art, threads=2)
+    assert np.isfinite(eng.logits([1, 2, 3])).all()
+    logs.clear()
+    compile_model(path, tmp_path / "b", options, log=logs.append)
+    assert any("reusing" in line for line in logs)
+    p2 = json.loads((tmp_path / "b" / "manifest.json").read_text())["precision"]
+    assert p2["weights"] == p["weights"] and p2["analysis"]["measured_kl"] == a["measured_kl"]

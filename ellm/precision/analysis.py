@@ -111,7 +111,7 @@ def _map(tasks: list, what: str, t0: float, log: Callable[[str], None]) -> list[
     return out
 
 
-def _cache_path(model_sha: str, calib_sha: str, settings: AnalysisSettings) -> Path:
+def cache_path(model_sha: str, calib_sha: str, settings: AnalysisSettings) -> Path:
     from ..demo import cache_root
 
     tag = json.dumps(asdict(settings), sort_keys=True)
@@ -126,7 +126,7 @@ def load_or_analyse(gf: GGUFFile, cfg: ModelConfig, tokenizer, infos: list[Weigh
                     cache: bool = True) -> SensitivityTable:
     """The table for this model and text: from the cache, or measured (and cached)."""
     model_sha = gf.sha256()
-    path = _cache_path(model_sha, calibration.sha256, settings)
+    path = cache_path(model_sha, calibration.sha256, settings)
     if cache and path.is_file():
         try:
             table = SensitivityTable.from_dict(json.loads(path.read_text()))

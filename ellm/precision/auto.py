@@ -81,16 +81,40 @@ def auto_plan(gf: GGUFFile, cfg: ModelConfig, tokenizer, infos: list[WeightInfo]
                "measurements": len(table.measurements), "budget_ctx": budget.ctx, "budget_bytes": limit,
                "default_bytes": default, "plan_bytes": chosen}
     if check:
-        t = time.perf_counter()
-        measured = measure_plan(gf, cfg, tokenizer, plan, table, calibration)
+        measured = checked_plan(gf, cfg, tokenizer, plan, table, calibration, log)
         summary.update(measured)
-        summary["check_seconds"] = round(time.perf_counter() - t, 1)
         log(f"precision plan: predicted KL {plan.predicted_kl:.4f}, measured {measured['measured_kl']:.4f} "
             f"(weights {measured['measured_kl_weights']:.4f}, KV {measured['measured_kl_kv']:.4f}) nats per token")
     log(f"precision plan: {chosen / 1e6:.2f} MB per token at {budget.ctx} (budget {limit / 1e6:.2f}, default "
         f"{default / 1e6:.2f})")
     return PrecisionPlan(plan.weights, plan.kv_k, plan.kv_v, plan.activations, plan.origin, plan.notes,
                          plan.predicted_kl, summary)
+
+
+def checked_plan(gf: GGUFFile, cfg: ModelConfig, tokenizer, plan: PrecisionPlan, table: SensitivityTable,
+                 calibration: Calibration, log: Callable[[str], None] = lambda s: None) -> dict:
+    """measure_plan's result, cached beside the sensitivity table by the plan's choices (a recompile with the
+    same plan does not measure it again)."""
+    import hashlib
+    import json
+
+    from ..fsutil import atomic_write_text
+    from .analysis import cache_path
+
+    choices = json.dumps({k: plan.to_dict().get(k) for k in ("weights", "kv_k", "kv_v")}, sort_keys=True)
+    table_path = cache_path(table.model_sha256, table.calibration_sha256, table.settings)
+    path = table_path.with_name(f"{table_path.stem}-plan-{hashlib.sha256(choices.encode()).hexdigest()[:16]}.json")
+    if path.is_file():
+        try:
+            return json.loads(path.read_text())
+        except ValueError:
+            pass
+    t = time.perf_counter()
+    measured = measure_plan(gf, cfg, tokenizer, plan, table, calibration)
+    measured["check_seconds"] = round(time.perf_counter() - t, 1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(measured))
+    return measured
 
 
 def measure_plan(gf: GGUFFile, cfg: ModelConfig, tokenizer, plan: PrecisionPlan, table: SensitivityTable,
