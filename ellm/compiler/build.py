@@ -129,6 +129,10 @@ def compile_model(
     tokenizer = Tokenizer.from_gguf(gf)
     presets = options.presets()
     plan = precision_plan(gf, cfg, options, log=log)
+    if plan is not None:
+        lowered = sorted({t.name for _, t in plan.weights})
+        log(f"precision: {plan.origin}; {len(plan.weights)} weights lowered"
+            + (f" (to {', '.join(lowered)})" if lowered else "") + "".join(f"; {n}" for n in plan.notes))
     graphs = [build_graph(gf, cfg, options, p, plan) for p in presets]  # import (and validate) before any TVM work
     log(f"model {model_path.name}: {cfg.arch}, {cfg.n_layers} layers, target{'s' if len(presets) > 1 else ''} "
         f"{', '.join(p.name for p in presets)}")
