@@ -67,6 +67,9 @@ def main() -> int:
     ap.add_argument("--skip-passkey", action="store_true")
     ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--activations", default=None,
+                    help="compile every plan and the reference with these activations (int16: no 8-bit prefill floor "
+                         "in the KLs; quant levels keep their own)")
     a = ap.parse_args()
     out = Path(a.out)
     arts = out / "artifacts"
@@ -87,12 +90,14 @@ def main() -> int:
         p = arts / name.split(" (")[0].replace(" ", "-").replace("%", "")
         if not (p / "manifest.json").is_file():
             t = time.perf_counter()
-            _ellm("compile", "-o", str(p), "--force", *flags)
+            act = ["--activations", a.activations] if a.activations and "--quant-level" not in flags else []
+            _ellm("compile", "-o", str(p), "--force", *flags, *act)
             print(f"compiled {name} in {time.perf_counter() - t:.0f} s", file=sys.stderr)
         paths[name] = p
     ref_path = arts / "reference"
     if not (ref_path / "manifest.json").is_file():
-        compile_model(resolve_model(None), ref_path, CompileOptions(cache_type_k="f16", cache_type_v="f16"), force=True)
+        compile_model(resolve_model(None), ref_path, CompileOptions(cache_type_k="f16", cache_type_v="f16",
+                                                                    activations=a.activations or "auto"), force=True)
 
     ctxs = [int(c) for c in a.ctx.split(",")]
     text = heldout_text()
