@@ -206,14 +206,9 @@ def cmd_inspect(a: argparse.Namespace) -> int:
     from .compiler.inspect import inspect_model
 
     if a.precision:
-        from .precision.report import inspect_precision
+        from .precision.cli import cmd_inspect_precision
 
-        from .compiler.build import CompileOptions
-
-        options = CompileOptions(precision="auto", budget_mb=a.budget_mb, budget_ratio=a.budget_ratio,
-                                 budget_ctx=a.budget_ctx, calibration=a.calibration)
-        print(inspect_precision(a.model, options, a.plot, a.json, log=lambda s: print(s, file=sys.stderr)))
-        return 0
+        return cmd_inspect_precision(a)
     print(inspect_model(a.model, *kv_types(a), as_json=a.json))
     return 0
 

@@ -14,6 +14,7 @@ from ..errors import EllmError
 from ..fsutil import atomic_directory
 from ..kv.plan import parse_kv_type
 from ..models import resolve_model
+from ..precision import Budget
 from ..runtime.artifact import TOKENIZER, WEIGHTS
 from ..runtime.tokenizer import Tokenizer
 from ..targets import TargetPreset, resolve_target
@@ -55,13 +56,7 @@ class CompileOptions(TargetOptions):
             raise EllmError("--precision auto plans from measurements; --quant-level is a fixed recipe: pick one")
         if (self.budget_mb is not None or self.budget_ratio is not None) and self.precision != "auto":
             raise EllmError("--budget-mb and --budget-ratio need --precision auto")
-        if self.budget_mb is not None and self.budget_ratio is not None:
-            raise EllmError("give --budget-mb or --budget-ratio, not both")
-        for b in (self.budget_mb, self.budget_ratio):
-            if b is not None and not b > 0:
-                raise EllmError(f"the byte budget must be positive, got {b}")
-        if self.budget_ctx < 1:
-            raise EllmError(f"--budget-ctx must be positive, got {self.budget_ctx}")
+        Budget(self.budget_mb, self.budget_ratio, self.budget_ctx)  # validates them
         if not self.target_names():
             raise EllmError("--target needs at least one preset name or auto")
 

@@ -9,7 +9,7 @@ from typing import Any, Callable
 from ..config import ModelConfig
 from ..errors import EllmError
 from ..kv.plan import KVPlan, parse_kv_type
-from ..precision import PrecisionPlan, quant_level_plan, weight_infos
+from ..precision import Budget, PrecisionPlan, quant_level_plan, weight_infos
 from ..targets import TargetPreset
 from .gguf_file import GGUFFile
 from .graph import Graph
@@ -54,7 +54,7 @@ def precision_plan(gf: GGUFFile, cfg: ModelConfig, options: TargetOptions, g0: G
     if options.quant_level is not None:
         plan = quant_level_plan(options.quant_level, infos, cfg.n_layers)
     else:
-        from ..precision.auto import Budget, auto_plan
+        from ..precision.auto import auto_plan
         from ..precision.calibration import Calibration
         from ..precision.planner import KVGeometry
         from ..runtime.tokenizer import Tokenizer

@@ -109,8 +109,7 @@ class KVPlan:
     @classmethod
     def uniform(cls, n_layers: int, n_kv_heads: int, head_dim: int, k: KVType, v: KVType, max_chunk: int,
                 block: int = 64, recent: int = 2) -> KVPlan:
-        ring = recent + -(-max_chunk // block) + 1
-        return cls(n_kv_heads, head_dim, (k,) * n_layers, (v,) * n_layers, block, recent, ring)
+        return cls.per_layer(n_kv_heads, head_dim, (k,) * n_layers, (v,) * n_layers, max_chunk, block, recent)
 
     @classmethod
     def auto(cls, n_layers: int, n_kv_heads: int, head_dim: int, max_chunk: int, k: KVType | None = None,

@@ -10,6 +10,7 @@ activations cost). Weight and activation parts are scored on `tokens` calibratio
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -25,11 +26,10 @@ from ..config import ModelConfig
 from ..errors import EllmError
 from ..fsutil import atomic_write_text
 from ..kv.plan import KVType
-from ..quant.requantize import dequantize, requantize
 from .calibration import Calibration
 from .divergence import Reference
 from .kv_read import BlockReader
-from .model import FloatModel, LayerEdit
+from .model import FloatModel, LayerEdit, lowered_values
 from .plan import WeightInfo
 
 VERSION = 1  # of the measurement method: a cached table from another version is measured again
@@ -115,8 +115,6 @@ def cache_path(model_sha: str, calib_sha: str, settings: AnalysisSettings) -> Pa
     from ..demo import cache_root
 
     tag = json.dumps(asdict(settings), sort_keys=True)
-    import hashlib
-
     key = hashlib.sha256(f"{model_sha}:{calib_sha}:{tag}:{VERSION}".encode()).hexdigest()[:20]
     return cache_root() / "sensitivity" / f"{model_sha[:12]}-{key}.json"
 
@@ -161,7 +159,7 @@ def analyse(gf: GGUFFile, cfg: ModelConfig, tokenizer, infos: list[WeightInfo], 
         return float(ref.kl(z).mean()), ref.top1_agree(z)
 
     def weight_task(layer: int, info: WeightInfo, t) -> Measurement:
-        w = dequantize(requantize(gf.raw(info.name), info.source, t), t)
+        w = lowered_values(gf, info.name, t)
         kl, top1 = score([model.rerun(layer, r[layer], 0, {layer: LayerEdit(weights={info.name: w})}) for r in runs])
         return Measurement(info.name, info.part, layer, t.name, kl, top1)
 
@@ -170,7 +168,7 @@ def analyse(gf: GGUFFile, cfg: ModelConfig, tokenizer, infos: list[WeightInfo], 
         return Measurement(f"blk.{layer}.activations", "activations", layer, "int8", kl, top1)
 
     def head_task(info: WeightInfo, t) -> Measurement:
-        w = dequantize(requantize(gf.raw(info.name), info.source, t), t)
+        w = lowered_values(gf, info.name, t)
         z = np.concatenate([model.head_input(r[-1][:: s.stride]) for r in runs]) @ w.T
         return Measurement(info.name, "head", None, t.name, float(ref.kl(z).mean()), ref.top1_agree(z))
 

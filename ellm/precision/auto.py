@@ -4,46 +4,21 @@ the chosen plan as a whole to check the planner's additivity assumption."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 from ..compiler.gguf_file import GGUFFile
 from ..config import ModelConfig
-from ..errors import EllmError
 from ..kv.attention import AttentionConfig
 from ..kv.plan import KVPlan, KVType
 from .analysis import AnalysisSettings, SensitivityTable, load_or_analyse
 from .calibration import Calibration
 from .divergence import Reference
 from .kv_read import BlockReader
-from .model import FloatModel, LayerEdit
-from .plan import PrecisionPlan, WeightInfo
+from .model import FloatModel, LayerEdit, lowered_values
+from .plan import Budget, PrecisionPlan, WeightInfo
 from .planner import Decision, KVGeometry, decisions, plan_bytes, solve, to_plan
-
-
-@dataclass(frozen=True)
-class Budget:
-    """Bytes read per decoded token at `ctx`: `mb` (10^6 bytes) outright, or `ratio` of today's default
-    (source weights, the rule-based `auto` KV plan)."""
-
-    mb: float | None = None
-    ratio: float | None = None
-    ctx: int = 8192
-
-    def __post_init__(self) -> None:
-        if self.mb is not None and self.ratio is not None:
-            raise EllmError("give --budget-mb or --budget-ratio, not both")
-        if (self.mb is not None and not self.mb > 0) or (self.ratio is not None and not self.ratio > 0):
-            raise EllmError("the byte budget must be positive")
-        if self.ctx < 1:
-            raise EllmError(f"--budget-ctx must be positive, got {self.ctx}")
-
-    def bytes(self, default_bytes: int) -> int:
-        if self.mb is not None:
-            return int(self.mb * 1e6)
-        return int((1.0 if self.ratio is None else self.ratio) * default_bytes)
 
 
 def fixed_bytes(cfg: ModelConfig, infos: list[WeightInfo]) -> int:
@@ -121,12 +96,10 @@ def measure_plan(gf: GGUFFile, cfg: ModelConfig, tokenizer, plan: PrecisionPlan,
                  calibration: Calibration) -> dict:
     """The whole plan's KL on the float model, all parts lowered at once, split as the parts were measured:
     weights and head on the short calibration sequences, K and V caches at long context."""
-    from ..quant.requantize import dequantize, requantize
-
     s = table.settings
     ids = np.asarray(calibration.tokens(tokenizer, s.tokens + s.kv_ctx))
     model = FloatModel(gf, cfg, max_ctx=max(s.kv_ctx, s.seq))
-    lowered = {name: dequantize(requantize(gf.raw(name), gf.weight_format(name).qtype, t), t) for name, t in plan.weights}
+    lowered = {name: lowered_values(gf, name, t) for name, t in plan.weights}
     edits: dict[int, LayerEdit] = {}
     for name, w in lowered.items():
         if name.startswith("blk."):

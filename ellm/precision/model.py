@@ -19,7 +19,8 @@ import numpy as np
 
 from ..compiler.gguf_file import GGUFFile
 from ..config import ModelConfig
-from ..quant.requantize import dequantize
+from ..quant import QuantType
+from ..quant.requantize import dequantize, requantize
 from ..runtime.rope import rope_table
 
 F32 = np.float32
@@ -35,6 +36,11 @@ def _causal(c: int) -> np.ndarray:
 
 def _f16(a: np.ndarray) -> np.ndarray:
     return a.astype(np.float16).astype(F32)
+
+
+def lowered_values(gf: GGUFFile, name: str, t: QuantType) -> np.ndarray:
+    """A GGUF weight's float values once stored as `t`: re-quantised from its source type, dequantised."""
+    return dequantize(requantize(gf.raw(name), gf.weight_format(name).qtype, t), t)
 
 
 def round_activations(x: np.ndarray, bits: int, group: int = 32) -> np.ndarray:
@@ -121,9 +127,7 @@ class FloatModel:
         cfg = self.cfg
         p = f"blk.{i}."
         edit = edit or LayerEdit()
-        W = dict(self.w)
-        if edit.weights:
-            W.update(edit.weights)
+        W = {**self.w, **edit.weights} if edit.weights else self.w
         act = (lambda a: round_activations(a, edit.act_bits)) if edit.act_bits else (lambda a: a)  # noqa: E731
         T, H, Hkv, hd = x.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         h = act(self._norm(x, W[p + "attn_norm.weight"]))

@@ -149,3 +149,26 @@ class PrecisionPlan:
         kv_v = tuple(KVType(t) for t in d["kv_v"]) if "kv_v" in d else None
         return cls(tuple((n, QuantType[t]) for n, t in d.get("weights", {}).items()), kv_k, kv_v, d.get("activations"),
                    d.get("origin", "source"), tuple(d.get("notes", ())), d.get("predicted_kl"), d.get("analysis", {}))
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Bytes read per decoded token at `ctx`: `mb` (10^6 bytes) outright, or `ratio` of today's default
+    (source weights, the rule-based `auto` KV plan)."""
+
+    mb: float | None = None
+    ratio: float | None = None
+    ctx: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.mb is not None and self.ratio is not None:
+            raise EllmError("give --budget-mb or --budget-ratio, not both")
+        if (self.mb is not None and not self.mb > 0) or (self.ratio is not None and not self.ratio > 0):
+            raise EllmError(f"the byte budget must be positive, got {self.mb if self.mb is not None else self.ratio}")
+        if self.ctx < 1:
+            raise EllmError(f"--budget-ctx must be positive, got {self.ctx}")
+
+    def bytes(self, default_bytes: int) -> int:
+        if self.mb is not None:
+            return int(self.mb * 1e6)
+        return int((1.0 if self.ratio is None else self.ratio) * default_bytes)
