@@ -21,7 +21,7 @@ from ellm.compiler.graph import OpKind
 from ellm.config import ModelConfig
 from ellm.errors import EllmError
 from ellm.kv.plan import KVPlan, KVType
-from ellm.precision import PrecisionPlan, candidates, quant_level_plan, weight_infos
+from ellm.precision import HeadSplit, PrecisionPlan, candidates, quant_level_plan, weight_infos
 from ellm.quant import QuantType as Q
 from ellm.quant.requantize import quantize
 from ellm.targets import resolve_target
@@ -174,6 +174,17 @@ def test_auto_precision_compiles_checks_and_reuses(tmp_path, monkeypatch):
     assert p["origin"].startswith("auto") and p["weights"] and a["plan_bytes"] <= a["budget_bytes"]
     assert abs(a["budget_bytes"] - 0.7 * a["default_bytes"]) <= 1
     assert 0.25 <= a["measured_kl"] / a["predicted_kl"] <= 4, a
+    # the manifest's plan is the plan that was costed: its bytes add up to the planner's
+    from ellm.compiler.import_llama import import_llama
+    from ellm.kv.attention import AttentionConfig
+    from ellm.precision.auto import fixed_bytes
+
+    plan = PrecisionPlan.from_dict(p)
+    gf = GGUFFile(path)
+    cfg = ModelConfig.from_gguf(gf)
+    infos = weight_infos(import_llama(gf, cfg))
+    kv = KVPlan.per_layer(cfg.n_kv_heads, cfg.head_dim, plan.kv_k, plan.kv_v, options.max_chunk)
+    assert plan.weight_bytes(infos) + kv.read_bytes(8192, AttentionConfig()) + fixed_bytes(cfg, infos) == a["plan_bytes"]
     eng = ellm.load(art, threads=2)
     assert np.isfinite(eng.logits([1, 2, 3])).all()
     logs.clear()
@@ -181,3 +192,78 @@ def test_auto_precision_compiles_checks_and_reuses(tmp_path, monkeypatch):
     assert any("reusing" in line for line in logs)
     p2 = json.loads((tmp_path / "b" / "manifest.json").read_text())["precision"]
     assert p2["weights"] == p["weights"] and p2["analysis"]["measured_kl"] == a["measured_kl"]
+
+
+def _split_plan(vocab: int, cold: Q = Q.Q4_0) -> PrecisionPlan:
+    return PrecisionPlan(origin="test", head_split=HeadSplit(tuple(range(0, vocab, 5)), cold))
+
+
+def test_split_head_graph_and_bytes(tmp_path):
+    """The pass replaces the head by two row-set heads and a merge; the step reads the planned bytes."""
+    from ellm.compiler.compile_target import pass_context
+    from ellm.compiler.inspect import decode_weight_bytes
+    from ellm.compiler.pipeline import run_pipeline
+
+    path = write_model(tmp_path / "m.gguf")  # tied Q8_0 head, vocab 320
+    gf, cfg, g0, _ = _graphs(path)
+    plan = _split_plan(cfg.vocab_size)
+    infos = weight_infos(g0)
+    plan.check(infos, cfg.n_layers)
+    base = run_pipeline(g0, pass_context(CompileOptions(), PRESET, None))
+    g = run_pipeline(g0, pass_context(CompileOptions(), PRESET, plan))
+    heads = [g.op(n) for n in g.names(OpKind.LM_HEAD)]
+    assert [(h.weight.qtype, h.weight.rows, h.weight.layout) for h in heads] == [(Q.Q8_0, 64, "tile16"), (Q.Q4_0, 256, "tile16")]
+    assert sorted(heads[0].weight.row_ids + heads[1].weight.row_ids) == list(range(cfg.vocab_size))
+    (merge,) = [g.op(n) for n in g.names(OpKind.VOCAB_MERGE)]
+    index = np.array(merge.vector("index").values)
+    order = np.array(heads[0].weight.row_ids + heads[1].weight.row_ids)
+    np.testing.assert_array_equal(order[index], np.arange(cfg.vocab_size))  # index[token] -> its logit's position
+    assert g.outputs == g.names(OpKind.VOCAB_MERGE)
+    embd = [g.op(n).weight for n in g.names(OpKind.EMBEDDING)][0]
+    assert (embd.qtype, embd.rows, embd.row_ids) == (Q.Q8_0, cfg.vocab_size, None)  # the lookup table stays whole
+    head = next(i for i in infos if i.part == "head")
+    saved = head.nbytes(Q.Q8_0) - plan.head_split.nbytes(head, Q.Q8_0)
+    assert saved == 256 * (272 - 144) and decode_weight_bytes(base) - decode_weight_bytes(g) == saved - 4 * cfg.vocab_size
+
+
+def test_split_head_plans_are_checked(tmp_path):
+    path = write_model(tmp_path / "m.gguf")
+    gf, cfg, g0, _ = _graphs(path)
+    infos = weight_infos(g0)
+    for split, msg in ((HeadSplit(tuple(range(0, 330, 5)), Q.Q4_0), "cannot be split"),  # ids past the vocabulary
+                       (HeadSplit(tuple(range(0, 320, 5)), Q.Q8_0), "cannot be split"),  # cold not below hot
+                       (HeadSplit(tuple(range(0, 320, 7)), Q.Q4_0), "cannot be split")):  # 46 rows: not whole tiles
+        with pytest.raises(EllmError, match=msg):
+            PrecisionPlan(origin="t", head_split=split).check(infos, cfg.n_layers)
+    with pytest.raises(EllmError, match="ascending"):
+        HeadSplit((3, 1), Q.Q4_0)
+    plan = _split_plan(cfg.vocab_size)
+    assert PrecisionPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+
+
+def test_split_head_artifact_matches_reference(tmp_path, monkeypatch):
+    """Compiled with a split head, the artifact's logits are those of a float64 model whose cold rows are our
+    re-quantiser's Q4_0 (dequantised by gguf) and whose hot rows are the source's; prefill and decode agree."""
+    import ellm.compiler.build as build
+
+    path = write_model(tmp_path / "m.gguf")
+    plan = _split_plan(320)
+    monkeypatch.setattr(build, "precision_plan", lambda *a, **k: plan)
+    options = CompileOptions(cache_type_k="f32", cache_type_v="f32", activations="int16")
+    art = compile_model(path, tmp_path / "art", options).path
+    assert json.loads((art / "manifest.json").read_text())["precision"]["head_split"]["hot_rows"] == 64
+    ref = NumpyLlama(path)
+    w = ref.head.astype(np.float32)
+    cold = np.array(plan.head_split.cold_ids(320))
+    head = ref.head.copy()
+    head[cold] = gguf_dequantize(quantize(w, Q.Q4_0), G.Q4_0).reshape(w.shape)[cold]
+    ref.head = head
+    eng = ellm.load(art, threads=2)
+    ids = list(np.random.default_rng(0).integers(0, 320, 40))
+    got, want = eng.logits(ids), ref.forward(ids)
+    tol = 1e-3 * np.abs(want).max()
+    assert np.abs(got - want).max() <= tol
+    assert np.abs(got - NumpyLlama(path).forward(ids)).max() > 10 * tol  # the cold rows did change
+    eng.reset()
+    eng.prefill(ids[:-1])
+    np.testing.assert_allclose(eng.decode(ids[-1]), want[-1], atol=tol, rtol=0)

@@ -129,6 +129,13 @@ def test_analysis_of_a_tiny_model_is_cached(tmp_path, monkeypatch):
     # lower precision hurts more, on average over the layers
     kl = lambda kind, t: sum(m.kl for m in table.measurements if (m.kind, m.type) == (kind, t))  # noqa: E731
     assert kl("k_cache", "q4") > kl("k_cache", "q8") and kl("down", "Q4_0") > kl("down", "Q6_K")
+    # split heads: the likeliest tokens' rows kept; keeping half the rows costs less KL than keeping 16
+    from ellm.precision.analysis import hot_sizes
+
+    sizes = hot_sizes(cfg.vocab_size)
+    assert sizes == [16, 32, 64, 80, 128, 160] and len(table.vocab_order) == cfg.vocab_size // 2
+    split = [table.kl(infos[-1].name, f"Q4_0/{n}") for n in sizes]
+    assert split[-1] < split[0] <= table.kl(infos[-1].name, "Q4_0") * 1.05
     again = load_or_analyse(gf, cfg, Tokenizer.from_gguf(gf), infos, text, settings, log=print)
     assert again.measurements == table.measurements and again.seconds == table.seconds  # from the cache
 
@@ -168,3 +175,12 @@ def test_plan_of_a_tiny_model_under_budgets(tmp_path, monkeypatch):
         last = plan.predicted_kl
         plan.check(infos, cfg.n_layers)
     assert dict(plan.weights)  # at 70% something was lowered
+    head = ds[names.index(infos[-1].name)]
+    splits = [c for c in head.choices if c.split is not None]
+    assert splits and all(c.bytes < head.choices[0].bytes and c.split.cold.name == c.type.split("/")[0] for c in splits)
+    # a plan that picks a split carries it: force one by leaving the head only that choice
+    forced = [Decision(d.name, d.kind, d.layer, d.parts, (splits[0],)) if d is head else d for d in ds]
+    plan = to_plan(forced, [0] * len(forced), cfg.n_layers, "test")
+    assert plan.head_split == splits[0].split and not any(n == head.name for n, _ in plan.weights)
+    assert plan.weight_bytes(infos) == sum(c.bytes for d in forced if d.kind == "weights" for c in d.choices[:1])
+    plan.check(infos, cfg.n_layers)

@@ -127,7 +127,10 @@ def compile_model(
     if plan is not None:
         lowered = sorted({t.name for _, t in plan.weights})
         log(f"precision: {plan.origin}; {len(plan.weights)} weights lowered"
-            + (f" (to {', '.join(lowered)})" if lowered else "") + "".join(f"; {n}" for n in plan.notes))
+            + (f" (to {', '.join(lowered)})" if lowered else "")
+            + (f"; output head split: {len(plan.head_split.hot)} likeliest rows kept, the rest at "
+               f"{plan.head_split.cold.name}" if plan.head_split is not None else "")
+            + "".join(f"; {n}" for n in plan.notes))
     graphs = [build_graph(gf, cfg, options, p, plan) for p in presets]  # import (and validate) before any TVM work
     log(f"model {model_path.name}: {cfg.arch}, {cfg.n_layers} layers, target{'s' if len(presets) > 1 else ''} "
         f"{', '.join(p.name for p in presets)}")

@@ -29,6 +29,7 @@ class OpKind(str, enum.Enum):
     ROPE_KV_APPEND = "rope_kv_append"  # fused: rotate q and k, append k and v, emit rotated q
     FFN = "ffn"  # fused: x + down(silu(gate(norm(x))) * up(norm(x)))
     ATTN_INPUT = "attention_input"  # fused: norm, QKV projection, RoPE, KV append -> rotated q, cache
+    VOCAB_MERGE = "vocab_merge"  # the logits of a head split into row sets -> [T, vocab] in token order
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class WeightRef:
 
     `layout` is how its components are arranged in memory: "rows" (GGUF blocks split into typed arrays,
     quant/formats.py) or "tile16" (16 rows interleaved, quant/tiled.py); the layout phase chooses it.
+    `row_ids`: only these rows of the (single) source, in this order (a split vocabulary head's row set).
     """
 
     name: str
@@ -68,10 +70,13 @@ class WeightRef:
     cols: int
     sources: tuple[str, ...]
     layout: str = "rows"
+    row_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
             raise ValueError(f"unknown weight layout {self.layout!r}")
+        if self.row_ids is not None and (len(self.row_ids) != self.rows or len(self.sources) != 1):
+            raise ValueError(f"{self.name}: row_ids select {self.rows} rows of one source")
 
     @property
     def nbytes(self) -> int:
@@ -81,11 +86,18 @@ class WeightRef:
 
 @dataclass(frozen=True)
 class VectorRef:
-    """A float32 vector parameter (norm gain, bias), the concatenation of GGUF tensors `sources`."""
+    """A vector parameter: float32 (norm gain, bias), the concatenation of GGUF tensors `sources`; or a
+    constant the compiler computed (`values`, e.g. an int32 index)."""
 
     name: str
     size: int
     sources: tuple[str, ...]
+    dtype: str = "float32"
+    values: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.values is None) == (not self.sources) or (self.values is not None and len(self.values) != self.size):
+            raise ValueError(f"{self.name}: a vector comes from GGUF sources or is `size` constant values")
 
 
 def attrs(**kw: Any) -> tuple[tuple[str, Any], ...]:

@@ -43,6 +43,8 @@ class ParamSpec:
     qtype: str | None  # weight format, None for vectors
     component: str | None
     layout: str | None = None  # "rows" | "tile16" for weights
+    row_ids: tuple[int, ...] | None = None  # only these rows of the source (a split head's row set)
+    values: tuple[int, ...] | None = None  # a constant the compiler computed (not from the GGUF)
 
 
 @dataclass
@@ -81,11 +83,12 @@ def param_specs(g: Graph) -> list[ParamSpec]:
                 continue
             seen.add(w.name)
             for name, dtype, shape in weight_components(w):
-                specs.append(ParamSpec(f"{w.name}:{name}", dtype, shape, w.sources, w.qtype.name, name, w.layout))
+                specs.append(ParamSpec(f"{w.name}:{name}", dtype, shape, w.sources, w.qtype.name, name, w.layout,
+                                       w.row_ids))
         for _, v in op.vectors:
             if v.name not in seen:
                 seen.add(v.name)
-                specs.append(ParamSpec(v.name, "float32", (v.size,), v.sources, None, None))
+                specs.append(ParamSpec(v.name, v.dtype, (v.size,), v.sources, None, None, values=v.values))
     return specs
 
 
@@ -177,9 +180,11 @@ class _Lowering:
                 for name, op in g.nodes():
                     if op.kind is OpKind.INPUT:
                         continue
-                    last = entry.last_only and op.kind is OpKind.LM_HEAD
+                    last = entry.last_only and op.kind in (OpKind.LM_HEAD, OpKind.VOCAB_MERGE)
                     m = 1 if last else entry.m
-                    req = self.request(op, m, last_row=True) if last else self.request(op, m)
+                    # the head reads the last row of the chunk's hidden states; what follows it is already one row
+                    head = last and op.kind is OpKind.LM_HEAD
+                    req = self.request(op, m, last_row=True) if head else self.request(op, m)
                     outs = self.emit(op, req, env, getp, T, C, pos, rope)
                     for i, v in enumerate(outs):
                         env[(name, i)] = v
@@ -207,7 +212,7 @@ class _Lowering:
             # kernel params: x, [residual], *weight, [norm], [bias]
             args = [*ins, *weights, *vectors]
             return [bb.emit(relax.call_tir(gv, args, outs[0]))]
-        if k in (OpKind.RMSNORM, OpKind.SILU_MUL, OpKind.ADD):
+        if k in (OpKind.RMSNORM, OpKind.SILU_MUL, OpKind.ADD, OpKind.VOCAB_MERGE):
             return [bb.emit(relax.call_tir(gv, [*ins, *vectors], outs[0]))]
         if k is OpKind.ROPE:
             return [bb.emit(relax.call_tir(gv, [ins[0], rope, pos], outs[0]))]

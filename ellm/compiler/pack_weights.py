@@ -22,26 +22,30 @@ class _Sources:
         self.gf, self.keep = gf, keep
         self.cache: dict[tuple[str, QuantType], np.ndarray] = {}
 
-    def raw(self, name: str, qtype: QuantType) -> np.ndarray:
+    def raw(self, name: str, qtype: QuantType, row_ids: tuple[int, ...] | None = None) -> np.ndarray:
+        """[rows, row_bytes]: all of the tensor's rows, or `row_ids` of them in that order."""
         src = self.gf.weight_format(name).qtype
+        rows = slice(None) if row_ids is None else np.asarray(row_ids)
         if src is qtype:
-            return self.gf.raw(name)
-        key = (name, qtype)
+            return self.gf.raw(name)[rows]
+        key = (name, qtype, None if row_ids is None else hash(row_ids))
         if key not in self.cache:
             if len(self.cache) >= self.keep:
                 del self.cache[next(iter(self.cache))]
-            self.cache[key] = requantize(self.gf.raw(name), src, qtype)
+            self.cache[key] = requantize(self.gf.raw(name)[rows], src, qtype)  # row-wise: a subset quantises alike
         return self.cache[key]
 
 
 def pack_param(gf: GGUFFile, spec: ParamSpec, sources: _Sources | None = None) -> np.ndarray:
     """The array for one parameter, C-contiguous, with exactly `spec.shape` and `spec.dtype`."""
-    if spec.qtype is None:
+    if spec.values is not None:
+        arr = np.asarray(spec.values, dtype=spec.dtype)
+    elif spec.qtype is None:
         arr = np.concatenate([gf.vector(s) for s in spec.sources]).astype(np.float32)
     else:
         qtype = QuantType[spec.qtype]
         sources = sources or _Sources(gf)
-        raws = [sources.raw(s, qtype) for s in spec.sources]
+        raws = [sources.raw(s, qtype, spec.row_ids) for s in spec.sources]
         raw = np.concatenate(raws) if len(raws) > 1 else raws[0]
         pack = pack_tiled if spec.layout == "tile16" else pack_rows
         arr = pack(raw, qtype)[spec.component]

@@ -17,6 +17,7 @@ from .passes import (
     fuse_rope_kv_append,
     fuse_sibling_matmuls,
     plan_kv_cache,
+    split_vocab_head,
 )
 
 
@@ -32,7 +33,10 @@ class Phase:
 PIPELINE: tuple[Phase, ...] = (
     Phase(
         "precision",
-        (apply_precision_plan,),  # weights and KV layers at the plan's types (--quant-level, --precision auto)
+        (
+            apply_precision_plan,  # weights and KV layers at the plan's types (--quant-level, --precision auto)
+            split_vocab_head,  # the head's likely tokens at its type, the rest coarser (when the plan splits it)
+        ),
     ),
     Phase(
         "fusion",
@@ -67,7 +71,7 @@ PIPELINE: tuple[Phase, ...] = (
 # in cache may gain.
 OPT_IN = frozenset({"fuse_ffn"})
 # Passes the lowering depends on: they cannot be disabled.
-REQUIRED = frozenset({"plan_kv_cache", "apply_precision_plan"})
+REQUIRED = frozenset({"plan_kv_cache", "apply_precision_plan", "split_vocab_head"})
 
 
 def pass_names(pipeline: Sequence[Phase] = PIPELINE) -> list[str]:

@@ -1,6 +1,6 @@
 """Precision from measurement: per-part sensitivity of a model's output, and plans that spend bytes where they matter."""
 
 from .levels import quant_level_plan
-from .plan import Budget, PrecisionPlan, WeightInfo, candidates, weight_infos
+from .plan import Budget, HeadSplit, PrecisionPlan, WeightInfo, candidates, weight_infos
 
-__all__ = ["Budget", "PrecisionPlan", "WeightInfo", "candidates", "quant_level_plan", "weight_infos"]
+__all__ = ["Budget", "HeadSplit", "PrecisionPlan", "WeightInfo", "candidates", "quant_level_plan", "weight_infos"]

@@ -1,8 +1,10 @@
 """The sensitivity analysis: for each layer and part, the KL divergence of next-token distributions that
 lowering that part alone to each candidate precision causes, on calibration text. Cached per model and text.
 
-Parts: every weight (Q, K, V, O, gate, up, down, the output head) at each type `candidates` allows; each
-layer's K cache and V cache at q8 and q4, measured at long context (`kv_ctx` tokens, scoring the last
+Parts: every weight (Q, K, V, O, gate, up, down, the output head) at each type `candidates` allows; the
+head split into row sets (the likeliest tokens' rows at the source type, the rest at each lower candidate, for
+several hot-set sizes; likeliness is the reference's mean next-token probability over all calibration tokens);
+each layer's K cache and V cache at q8 and q4, measured at long context (`kv_ctx` tokens, scoring the last
 `kv_scored`) through the block store's numerics; each layer's matmul inputs rounded to int8 (what 8-bit
 activations cost). Weight and activation parts are scored on `tokens` calibration tokens in sequences of
 `seq`. Everything runs on the float model (precision/model.py), re-run from the layer the part is in.
@@ -32,8 +34,19 @@ from .kv_read import BlockReader
 from .model import FloatModel, LayerEdit, lowered_values
 from .plan import WeightInfo
 
-VERSION = 1  # of the measurement method: a cached table from another version is measured again
+VERSION = 2  # of the measurement method: a cached table from another version is measured again
 KV_CANDIDATES = (KVType.Q8, KVType.Q4)
+HOT_FRACTIONS = (1 / 32, 1 / 16, 1 / 8, 3 / 16, 1 / 4, 3 / 8, 1 / 2)  # of the vocabulary: split heads measured
+
+
+def hot_sizes(vocab: int) -> list[int]:
+    """Hot-set sizes measured for a split head: whole 16-row tiles, at least one, fewer than the vocabulary."""
+    return sorted({n for n in (max(16, round(f * vocab / 16) * 16) for f in HOT_FRACTIONS) if n < vocab})
+
+
+def split_type(cold: str, hot_rows: int) -> str:
+    """A split head's measurement type: its cold rows' type and how many hot rows stay at the source type."""
+    return f"{cold}/{hot_rows}"
 
 
 @dataclass(frozen=True)
@@ -56,9 +69,9 @@ class AnalysisSettings:
 @dataclass(frozen=True)
 class Measurement:
     part: str  # a weight's GGUF name, "blk.N.k_cache", "blk.N.v_cache" or "blk.N.activations"
-    kind: str  # q, k, v, o, gate, up, down, head, k_cache, v_cache, activations
+    kind: str  # q, k, v, o, gate, up, down, head, head_split, k_cache, v_cache, activations
     layer: int | None
-    type: str  # QuantType name, KVType value, or "int8"
+    type: str  # QuantType name, KVType value, "int8", or split_type(cold, hot rows)
     kl: float  # mean KL(unmodified || lowered), nats per token
     top1: float  # fraction of positions whose most likely token is unchanged
 
@@ -72,6 +85,7 @@ class SensitivityTable:
     measurements: list[Measurement] = field(default_factory=list)
     seconds: float = 0.0
     version: int = VERSION
+    vocab_order: list[int] = field(default_factory=list)  # token ids by falling mean probability (the likeliest half)
 
     def kl(self, part: str, type_: str) -> float:
         """The measured KL of lowering `part` to `type_` (0 for its source type)."""
@@ -91,7 +105,7 @@ class SensitivityTable:
     @classmethod
     def from_dict(cls, d: dict) -> SensitivityTable:
         return cls(d["model_sha256"], d["calibration"], d["calibration_sha256"], AnalysisSettings(**d["settings"]),
-                   [Measurement(**m) for m in d["measurements"]], d["seconds"], d["version"])
+                   [Measurement(**m) for m in d["measurements"]], d["seconds"], d["version"], d.get("vocab_order", []))
 
 
 def _map(tasks: list, what: str, t0: float, log: Callable[[str], None]) -> list[Measurement]:
@@ -109,6 +123,20 @@ def _map(tasks: list, what: str, t0: float, log: Callable[[str], None]) -> list[
             if (i + 1) % 30 == 0 or i + 1 == len(tasks):
                 log(f"sensitivity: {what} {i + 1}/{len(tasks)} ({time.perf_counter() - t0:.0f} s)")
     return out
+
+
+def _vocab_order(model: FloatModel, finals: list[np.ndarray]) -> np.ndarray:
+    """Token ids by falling mean next-token probability of the unmodified model over every calibration position
+    (ties: lower id first, which for BPE vocabularies is the more frequent merge)."""
+    mass = None
+    for x in finals:
+        for i in range(0, len(x), 128):
+            z = model.logits(x[i : i + 128])  # [<=128, vocab]
+            z -= z.max(axis=1, keepdims=True)
+            p = np.exp(z)
+            p /= p.sum(axis=1, keepdims=True)
+            mass = p.sum(axis=0) if mass is None else mass + p.sum(axis=0)
+    return np.argsort(-mass, kind="stable")
 
 
 def cache_path(model_sha: str, calib_sha: str, settings: AnalysisSettings) -> Path:
@@ -153,6 +181,13 @@ def analyse(gf: GGUFFile, cfg: ModelConfig, tokenizer, infos: list[WeightInfo], 
     seqs = ids[: s.tokens].reshape(-1, s.seq)
     runs = [model.run(q)[0] for q in seqs]  # per sequence: layer inputs [L + 1] of [seq, d]
     ref = Reference(np.concatenate([model.logits(r[-1][:: s.stride]) for r in runs]))
+    # the K and V parts' long context, run now: its final states rank the vocabulary for split heads too
+    kv_ids = ids[s.tokens : s.tokens + s.kv_ctx]
+    P = s.kv_ctx - s.kv_scored
+    xs, kvs = model.run(kv_ids, keep_kv=True, keep_from=P, final_from=0)
+    order = _vocab_order(model, [xs[-1]] + [r[-1] for r in runs])
+    table.vocab_order = order[: cfg.vocab_size // 2].tolist()
+    xs[-1] = xs[-1][P:]
 
     def score(final: list[np.ndarray]) -> tuple[float, float]:
         z = np.concatenate([model.logits(x[:: s.stride]) for x in final])
@@ -167,20 +202,28 @@ def analyse(gf: GGUFFile, cfg: ModelConfig, tokenizer, infos: list[WeightInfo], 
         kl, top1 = score([model.rerun(layer, r[layer], 0, {layer: LayerEdit(act_bits=8)}) for r in runs])
         return Measurement(f"blk.{layer}.activations", "activations", layer, "int8", kl, top1)
 
+    heads = [i for i in infos if i.layer is None]
+    head_lowered = {(i.name, t): lowered_values(gf, i.name, t) for i in heads for t in i.candidates()[1:]}
+    head_x = np.concatenate([model.head_input(r[-1][:: s.stride]) for r in runs])  # [scored, d]
+
     def head_task(info: WeightInfo, t) -> Measurement:
-        w = lowered_values(gf, info.name, t)
-        z = np.concatenate([model.head_input(r[-1][:: s.stride]) for r in runs]) @ w.T
+        z = head_x @ head_lowered[info.name, t].T
         return Measurement(info.name, "head", None, t.name, float(ref.kl(z).mean()), ref.top1_agree(z))
+
+    def split_task(info: WeightInfo, t, n: int) -> Measurement:
+        w = head_lowered[info.name, t].copy()
+        w[order[:n]] = model.w[info.name][order[:n]]
+        z = head_x @ w.T
+        return Measurement(info.name, "head_split", None, split_type(t.name, n), float(ref.kl(z).mean()),
+                           ref.top1_agree(z))
 
     tasks = [partial(weight_task, i.layer, i, t) for i in infos if i.layer is not None for t in i.candidates()[1:]]
     tasks += [partial(act_task, layer) for layer in range(cfg.n_layers)]
     tasks += [partial(head_task, i, t) for i in infos if i.layer is None for t in i.candidates()[1:]]
+    tasks += [partial(split_task, i, t, n) for i in heads for t in i.candidates()[1:] for n in hot_sizes(i.rows)]
     out += _map(tasks, "weights and activations", t0, log)
 
     # K and V caches: one long context, the last kv_scored positions scored, the prefix's cache as written
-    kv_ids = ids[s.tokens : s.tokens + s.kv_ctx]
-    P = s.kv_ctx - s.kv_scored
-    xs, kvs = model.run(kv_ids, keep_kv=True, keep_from=P)
     past = [(k[:P], v[:P]) for k, v in kvs]
     kv_ref = Reference(model.logits(xs[-1]))
 

@@ -4,6 +4,7 @@ the chosen plan as a whole to check the planner's additivity assumption."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -62,8 +63,7 @@ def auto_plan(gf: GGUFFile, cfg: ModelConfig, tokenizer, infos: list[WeightInfo]
             f"(weights {measured['measured_kl_weights']:.4f}, KV {measured['measured_kl_kv']:.4f}) nats per token")
     log(f"precision plan: {chosen / 1e6:.2f} MB per token at {budget.ctx} (budget {limit / 1e6:.2f}, default "
         f"{default / 1e6:.2f})")
-    return PrecisionPlan(plan.weights, plan.kv_k, plan.kv_v, plan.activations, plan.origin, plan.notes,
-                         plan.predicted_kl, summary)
+    return replace(plan, summary=summary)
 
 
 def checked_plan(gf: GGUFFile, cfg: ModelConfig, tokenizer, plan: PrecisionPlan, table: SensitivityTable,
@@ -76,7 +76,7 @@ def checked_plan(gf: GGUFFile, cfg: ModelConfig, tokenizer, plan: PrecisionPlan,
     from ..fsutil import atomic_write_text
     from .analysis import cache_path
 
-    choices = json.dumps({k: plan.to_dict().get(k) for k in ("weights", "kv_k", "kv_v")}, sort_keys=True)
+    choices = json.dumps({k: plan.to_dict().get(k) for k in ("weights", "kv_k", "kv_v", "head_split")}, sort_keys=True)
     table_path = cache_path(table.model_sha256, table.calibration_sha256, table.settings)
     path = table_path.with_name(f"{table_path.stem}-plan-{hashlib.sha256(choices.encode()).hexdigest()[:16]}.json")
     if path.is_file():
@@ -106,6 +106,10 @@ def measure_plan(gf: GGUFFile, cfg: ModelConfig, tokenizer, plan: PrecisionPlan,
             layer = int(name.split(".")[1])
             edits.setdefault(layer, LayerEdit(weights={})).weights[name] = w
     head = lowered.get(model.head_name)
+    if plan.head_split is not None:  # hot rows at the head's planned type, the others at the cold type
+        cold = np.asarray(plan.head_split.cold_ids(cfg.vocab_size))
+        head = (model.w[model.head_name] if head is None else head).copy()
+        head[cold] = lowered_values(gf, model.head_name, plan.head_split.cold)[cold]
     kls = []
     for seq in ids[: s.tokens].reshape(-1, s.seq):
         x0 = model.embed(seq)

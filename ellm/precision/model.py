@@ -179,10 +179,10 @@ class FloatModel:
         return x.astype(F32), k, v
 
     # --- whole passes ----------------------------------------------------------------------
-    def run(self, tokens: np.ndarray, keep_kv: bool = False, keep_from: int = 0):
+    def run(self, tokens: np.ndarray, keep_kv: bool = False, keep_from: int = 0, final_from: int | None = None):
         """Every layer over `tokens` from position 0. Returns (layer inputs [L + 1] of [T - keep_from, d]: the
-        last is the final hidden state; per layer (K, V) of all positions if keep_kv). Long runs spread their
-        attention over two threads."""
+        last is the final hidden state, kept from `final_from` if given; per layer (K, V) of all positions if
+        keep_kv). Long runs spread their attention over two threads."""
         from concurrent.futures import ThreadPoolExecutor
 
         x = self.embed(tokens)
@@ -190,7 +190,8 @@ class FloatModel:
         with ThreadPoolExecutor(2) as pool:
             for i in range(self.cfg.n_layers):
                 x, k, v = self.layer(i, x, 0, pool=pool if len(tokens) > 1024 else None)
-                xs.append(x[keep_from:])
+                last = i == self.cfg.n_layers - 1 and final_from is not None
+                xs.append(x[final_from if last else keep_from :])
                 if keep_kv:
                     kvs.append((k, v))
         return xs, kvs

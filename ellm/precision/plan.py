@@ -82,6 +82,39 @@ def weight_infos(g) -> list[WeightInfo]:
 
 
 @dataclass(frozen=True)
+class HeadSplit:
+    """The output head stored as two row sets: the `hot` tokens' rows at the head's planned type, every other
+    row at `cold`. A step's logits are mostly decided by a few thousand likely tokens; the rest of a 49K
+    vocabulary can take coarser rows for little KL (measured per split, precision/analysis.py)."""
+
+    hot: tuple[int, ...]  # token ids, ascending
+    cold: QuantType
+
+    def __post_init__(self) -> None:
+        if list(self.hot) != sorted(set(self.hot)):
+            raise EllmError("precision plan: the head's hot token ids must be ascending and distinct")
+
+    def cold_ids(self, vocab: int) -> tuple[int, ...]:
+        hot = set(self.hot)
+        return tuple(i for i in range(vocab) if i not in hot)
+
+    def nbytes(self, info: WeightInfo, hot_type: QuantType) -> int:
+        n = len(self.hot)
+        return n * FORMATS[hot_type].row_bytes(info.cols) + (info.rows - n) * FORMATS[self.cold].row_bytes(info.cols)
+
+    def fits(self, info: WeightInfo, hot_type: QuantType) -> bool:
+        """Both row sets can be stored: ids in the vocabulary, a cold type below the hot one, and row counts
+        the head's layout takes (whole 16-row tiles where the unsplit head has them)."""
+        n = len(self.hot)
+        if not 0 < n < info.rows or self.hot[-1] >= info.rows or bits(self.cold) >= bits(hot_type):
+            return False
+        if self.cold not in info.candidates():
+            return False
+        return all(tiled_supported(t, r, info.cols) or not tiled_supported(info.source, info.rows, info.cols)
+                   for t, r in ((hot_type, n), (self.cold, info.rows - n)))
+
+
+@dataclass(frozen=True)
 class PrecisionPlan:
     """Storage types chosen for a model. `weights` lists only the tensors stored below their source type;
     `kv_k`/`kv_v` give each layer's cache type (None: the compile's KV options decide)."""
@@ -94,6 +127,7 @@ class PrecisionPlan:
     notes: tuple[str, ...] = ()
     predicted_kl: float | None = None  # sum of the measured single-part KLs of its choices (auto plans)
     summary: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)  # analysis summary for the manifest
+    head_split: HeadSplit | None = None  # the head's rows in two sets; None: one type for all
 
     def __post_init__(self) -> None:
         if (self.kv_k is None) != (self.kv_v is None) or (self.kv_k is not None and len(self.kv_k) != len(self.kv_v)):
@@ -123,10 +157,17 @@ class PrecisionPlan:
                                 f"{t.name}; its candidates are {', '.join(c.name for c in info.candidates())}")
         if self.kv_k is not None and len(self.kv_k) != n_layers:
             raise EllmError(f"precision plan: {len(self.kv_k)} KV layers for a model of {n_layers}")
+        if self.head_split is not None:
+            head = next(i for i in by_name.values() if i.part == "head")
+            if not self.head_split.fits(head, self.type_of(head)):
+                raise EllmError(f"precision plan: the head ({head.rows} rows, {self.type_of(head).name}) cannot be split "
+                                f"into {len(self.head_split.hot)} hot rows and the rest at {self.head_split.cold.name}")
 
     def weight_bytes(self, infos: Iterable[WeightInfo]) -> int:
         """Bytes of the planned weights (a step reads each once)."""
-        return sum(i.nbytes(self.type_of(i)) for i in infos)
+        split = self.head_split
+        return sum(split.nbytes(i, self.type_of(i)) if split is not None and i.part == "head" else i.nbytes(self.type_of(i))
+                   for i in infos)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"origin": self.origin, "weights": {n: t.name for n, t in self.weights}}
@@ -137,6 +178,9 @@ class PrecisionPlan:
             d["activations"] = self.activations
         if self.predicted_kl is not None:
             d["predicted_kl"] = self.predicted_kl
+        if self.head_split is not None:
+            d["head_split"] = {"cold": self.head_split.cold.name, "hot_rows": len(self.head_split.hot),
+                               "hot": list(self.head_split.hot)}
         if self.notes:
             d["notes"] = list(self.notes)
         if self.summary:
@@ -147,8 +191,11 @@ class PrecisionPlan:
     def from_dict(cls, d: dict[str, Any]) -> PrecisionPlan:
         kv_k = tuple(KVType(t) for t in d["kv_k"]) if "kv_k" in d else None
         kv_v = tuple(KVType(t) for t in d["kv_v"]) if "kv_v" in d else None
+        split = d.get("head_split")
+        head = HeadSplit(tuple(int(i) for i in split["hot"]), QuantType[split["cold"]]) if split else None
         return cls(tuple((n, QuantType[t]) for n, t in d.get("weights", {}).items()), kv_k, kv_v, d.get("activations"),
-                   d.get("origin", "source"), tuple(d.get("notes", ())), d.get("predicted_kl"), d.get("analysis", {}))
+                   d.get("origin", "source"), tuple(d.get("notes", ())), d.get("predicted_kl"), d.get("analysis", {}),
+                   head)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 whose decode step reads at most a budget of bytes at a stated context.
 
 Decisions: per layer the fused groups (Q+K+V, gate+up: one kernel reads one format) and the O and down
-weights, the output head, and each layer's K cache and V cache. Each decision picks one choice (a type, its
+weights, the output head (one type, or split into likely rows at the source type and the rest lower), and
+each layer's K cache and V cache. Each decision picks one choice (a type, its
 bytes, its predicted KL): a multiple-choice knapsack, solved exactly by dynamic programming over bytes in
 units of budget / `UNITS` with every cost rounded up, so the chosen plan never exceeds its budget.
 """
@@ -16,8 +17,8 @@ import numpy as np
 from ..errors import EllmError
 from ..kv.attention import AttentionConfig
 from ..kv.plan import KVPlan, KVType
-from .analysis import SensitivityTable
-from .plan import GROUPS, PrecisionPlan, WeightInfo
+from .analysis import SensitivityTable, hot_sizes, split_type
+from .plan import GROUPS, HeadSplit, PrecisionPlan, WeightInfo
 
 UNITS = 20000
 KV_CHOICES = (KVType.F16, KVType.Q8, KVType.Q4)
@@ -25,9 +26,10 @@ KV_CHOICES = (KVType.F16, KVType.Q8, KVType.Q4)
 
 @dataclass(frozen=True)
 class Choice:
-    type: str  # QuantType name or KVType value
+    type: str  # QuantType name, KVType value, or a split head's analysis.split_type
     bytes: int  # read per decoded token
     kl: float  # predicted: the sum of its parts' measured KLs
+    split: HeadSplit | None = None  # the head's row sets (hot rows at the source type)
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,8 @@ def decisions(infos: list[WeightInfo], table: SensitivityTable, n_layers: int, k
                 continue  # not measured: not offered
             choices.append(Choice(t.name, sum(m.nbytes(t) for m in members), kl))
         m0 = members[0]
+        if m0.part == "head":
+            choices += _split_choices(m0, table)
         name = m0.name if len(members) == 1 else f"blk.{m0.layer}.{'+'.join(m.part for m in members)}"
         out.append(Decision(name, "weights", m0.layer, tuple(m.name for m in members), tuple(choices)))
     for layer in range(n_layers):
@@ -97,6 +101,20 @@ def decisions(infos: list[WeightInfo], table: SensitivityTable, n_layers: int, k
             types = (fixed,) if fixed is not None else [t for t in KV_CHOICES if t.is_float or table.has(part, t.value)]
             choices = tuple(Choice(t.value, kv.side_bytes(side, t, ctx, attention), kl(t)) for t in types)
             out.append(Decision(part, side, layer, (part,), choices))
+    return out
+
+
+def _split_choices(head: WeightInfo, table: SensitivityTable) -> list[Choice]:
+    """The measured split heads that fit: hot rows at the source type, the rest at a lower candidate."""
+    out = []
+    for t in head.candidates()[1:]:
+        for n in hot_sizes(head.rows):
+            if n > len(table.vocab_order) or not table.has(head.name, split_type(t.name, n)):
+                continue
+            split = HeadSplit(tuple(sorted(table.vocab_order[:n])), t)
+            if split.fits(head, head.source):
+                out.append(Choice(split_type(t.name, n), split.nbytes(head, head.source),
+                                  table.kl(head.name, split_type(t.name, n)), split))
     return out
 
 
@@ -142,13 +160,15 @@ def to_plan(ds: list[Decision], picks: list[int], n_layers: int, origin: str, no
     from ..quant import QuantType
 
     weights, k, v = [], [KVType.F16] * n_layers, [KVType.F16] * n_layers
-    predicted = 0.0
+    predicted, split = 0.0, None
     for d, i in zip(ds, picks):
         c = d.choices[i]
         predicted += c.kl
-        if d.kind == "weights":
+        if c.split is not None:
+            split = c.split
+        elif d.kind == "weights":
             if i != 0:
                 weights += [(name, QuantType[c.type]) for name in d.parts]
         else:
             (k if d.kind == "k" else v)[d.layer] = KVType(c.type)
-    return PrecisionPlan(tuple(weights), tuple(k), tuple(v), None, origin, notes, predicted)
+    return PrecisionPlan(tuple(weights), tuple(k), tuple(v), None, origin, notes, predicted, head_split=split)

@@ -36,9 +36,15 @@ def render_text(table: SensitivityTable, plan: PrecisionPlan | None) -> str:
     lines += [head, "      " + " ".join(f"{t[:6]:>6s}" for _, t in cols)]
     for i, r in enumerate(rows):
         lines.append(f"{i:5d} " + " ".join("     -" if v is None else f"{v * 1e4:6.1f}" for v in r))
+    splits: dict[str, list[str]] = {}
     for m in table.measurements:
-        if m.layer is None:
+        if m.kind == "head":
             lines.append(f"head  {m.part} at {m.type}: {m.kl * 1e4:.1f} (top-1 kept at {m.top1:.1%} of positions)")
+        elif m.kind == "head_split":
+            cold, n = m.type.split("/")
+            splits.setdefault(cold, []).append(f"{n} {m.kl * 1e4:.1f}")
+    for cold, cells in splits.items():
+        lines.append(f"head  split, likeliest rows kept, the rest at {cold} (hot rows: KL): {', '.join(cells)}")
     top = sorted(table.measurements, key=lambda m: -m.kl)[:10]
     lines.append("most sensitive: " + ", ".join(f"{m.part} {m.type} {m.kl:.2e}" for m in top))
     if plan is not None:
@@ -49,6 +55,9 @@ def render_text(table: SensitivityTable, plan: PrecisionPlan | None) -> str:
             by_type.setdefault(t.name, []).append(name)
         for t, names in sorted(by_type.items()):
             lines.append(f"  {len(names)} weights to {t}: {', '.join(sorted(names)[:6])}{' ...' if len(names) > 6 else ''}")
+        if plan.head_split is not None:
+            lines.append(f"  output head split: {len(plan.head_split.hot)} likeliest tokens' rows at the source type, "
+                         f"the rest at {plan.head_split.cold.name}")
         if plan.kv_k is not None:
             from ..kv.plan import KVPlan
 
@@ -78,7 +87,7 @@ def plot(table: SensitivityTable, path: str) -> None:
     im = ax.imshow(data, aspect="auto", cmap="magma_r")
     ax.set_xticks(range(len(cols)), [f"{k}\n{t}" for k, t in cols], fontsize=7)
     ax.set_ylabel("layer")
-    heads = [m for m in table.measurements if m.layer is None]
+    heads = [m for m in table.measurements if m.kind == "head"]
     title = "log10 KL (nats/token) of lowering one part" + (
         "; head: " + ", ".join(f"{m.type} {m.kl:.3f}" for m in heads) if heads else "")
     ax.set_title(title, fontsize=9)

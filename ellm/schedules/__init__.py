@@ -7,7 +7,7 @@ from ..targets import IsaClass, TargetPreset
 from .amx import AmxGemmRule
 from .attention import AttentionDecodeRule, AttentionPrefillRule
 from .attention_input import AttentionInputRule
-from .elementwise import AddRule, EmbeddingRule, RmsNormRule, SiluMulRule
+from .elementwise import AddRule, EmbeddingRule, RmsNormRule, SiluMulRule, VocabMergeRule
 from .ffn import IntFfnRule
 from .gemm import GemmRule
 from .gemv import GemvRule
@@ -38,6 +38,7 @@ RULES: tuple[Rule, ...] = (
     AttentionPrefillRule(),
     SiluMulRule(),
     AddRule(),
+    VocabMergeRule(),
 )
 
 

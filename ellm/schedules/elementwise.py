@@ -116,3 +116,33 @@ class AddRule(Rule):
         b = te.placeholder((M, D), "float32", name="b")
         out = te.compute((M, D), lambda t, c: a[t, c] + b[t, c], name="out")
         return _rowwise_schedule(te.create_prim_func([a, b, out]), "out", target.f32_lanes)
+
+
+class VocabMergeRule(Rule):
+    """out[t, i] = the logit of token i from the head's row set that holds it: `index[i]` is its position in
+    the concatenation hot ++ cold. Parallel over chunks of the vocabulary (a decode step has one token)."""
+
+    name = "vocab_merge"
+    CHUNK = 4096  # vocabulary entries per parallel task: a gather, cheap per entry
+
+    def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
+        return req.kind is OpKind.VOCAB_MERGE
+
+    def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
+        M, V = token_dim(req), req.out_types[0].width
+        H, C = req.in_types[0].width, req.in_types[1].width
+        hot = te.placeholder((M, H), "float32", name="hot")
+        cold = te.placeholder((M, C), "float32", name="cold")
+        index = te.placeholder((V,), "int32", name="index")
+
+        def merge(t, i):
+            j = index[i]
+            return tvm.tirx.if_then_else(j < H, hot[t, tvm.tirx.min(j, H - 1)], cold[t, tvm.tirx.max(j - H, 0)])
+
+        out = te.compute((M, V), merge, name="out")
+        sch = tvm.s_tir.Schedule(te.create_prim_func([hot, cold, index, out]))
+        t, i = sch.get_loops(sch.get_sblock("out"))
+        outer, _ = sch.split(i, [None, self.CHUNK])
+        sch.reorder(outer, t)
+        sch.parallel(outer)
+        return sch.mod["main"]
