@@ -37,7 +37,7 @@ def main() -> int:
     from ellm.models import resolve_model
     from ellm.precision import weight_infos
     from ellm.precision.analysis import load_or_analyse
-    from ellm.precision.auto import default_step_bytes, fixed_bytes, measure_plan
+    from ellm.precision.auto import source_step_bytes, fixed_bytes, measure_plan
     from ellm.precision.calibration import Calibration
     from ellm.precision.planner import KVGeometry, decisions, plan_bytes, solve, to_plan
     from ellm.runtime.tokenizer import Tokenizer
@@ -74,7 +74,7 @@ def main() -> int:
     attention = AttentionConfig()
     ds = decisions(infos, t_cal, cfg.n_layers, kv, 8192, attention)
     fixed = fixed_bytes(cfg, infos)
-    default = default_step_bytes(ds, cfg, kv, 8192, attention) + fixed
+    default = source_step_bytes(ds, cfg, kv, 8192, attention) + fixed
     plans = []
     for r in (float(x) for x in a.ratios.split(",")):
         picks = solve(ds, int(r * default) - fixed)

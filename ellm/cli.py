@@ -42,7 +42,8 @@ def add_kv_type_args(p: argparse.ArgumentParser) -> None:
 
     names = list(KV_TYPE_CHOICES)
     p.add_argument("--kv-type", choices=names, default="auto",
-                   help="KV cache type of K and V (default auto: q4, with q8 keys in the first layers, within 30%% of f16)")
+                   help="KV cache type of K and V (default auto: per layer from the measured precision plan; with "
+                        "--precision source, q4 with q8 keys in the first layers, within 30%% of f16)")
     p.add_argument("--cache-type-k", choices=names, help="K cache type (overrides --kv-type)")
     p.add_argument("--cache-type-v", choices=names, help="V cache type (overrides --kv-type)")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from kernels import PRESET, matmul_request, select_rule
 from synthetic import write_model
@@ -14,6 +15,8 @@ from ellm.autotune.tuner import TuneOptions, Workload, tune_model
 from ellm.compiler.build import CompileOptions, compile_model
 from ellm.compiler.inspect import inspect_model
 from ellm.quant import QuantType
+
+SOURCE = CompileOptions(precision="source")  # the step bytes are `ellm inspect`'s: source types, rule KV
 
 
 def test_database_keeps_the_fastest(tmp_path):
@@ -34,7 +37,8 @@ def test_tune_then_compile_uses_the_tuned_knobs(tmp_path):
     # the decode kernels only: prefill kernels go through the same search, and tuning them too doubled the
     # suite's longest test (265 s)
     db = tune_model(model, tmp_path / "tune.jsonl", target=target, threads=2, kernels="_m1_",
-                    options=TuneOptions("random", trials=2, workers=0), workload=Workload(tokens=32, ctx=256))
+                    options=TuneOptions("random", trials=2, workers=0), workload=Workload(tokens=32, ctx=256),
+                    compile_options=SOURCE)
     records = db.records()
     # every kernel was timed as the model's decode step reads: weights and the KV blocks at the context
     step = db.trials()[0].options["workload"]["step_bytes"]
@@ -54,7 +58,7 @@ def test_tune_then_compile_uses_the_tuned_knobs(tmp_path):
     assert all(r.confirmed or r.trial == 0 for r in records)  # unconfirmed: a one-point space
     applied = [r for r in records if r.beats_default()]
     assert all(r.stats["wins"] == CONFIRM_ROUNDS for r in applied if r.confirmed)
-    report = compile_model(model, tmp_path / "art", CompileOptions(target=target, tuning_db=tmp_path / "tune.jsonl"))
+    report = compile_model(model, tmp_path / "art", replace(SOURCE, target=target, tuning_db=tmp_path / "tune.jsonl"))
     art = report.path
     (line,) = report.tuning  # every tuned kernel found, measured on this CPU with these threads
     assert f"{len(applied)} kernels tuned ({len(applied)} measured on this CPU model with 2 threads" in line

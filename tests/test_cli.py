@@ -33,6 +33,13 @@ def test_run_chat_from_file(artifact, tmp_path):
 def test_demo(tmp_path):
     import os
 
+    from ellm.demo import cache_root
+
+    # a fresh artifact cache, sharing the sensitivity tables: the default compile's analysis runs once per model
+    # in the whole suite (tests/test_precision_plan.py covers its caching)
+    shared = cache_root() / "sensitivity"
+    shared.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "sensitivity").symlink_to(shared)
     env = dict(os.environ, ELLM_CACHE=str(tmp_path))
     p = ellm("demo", "-n", "8", env=env)
     assert p.returncode == 0, p.stderr

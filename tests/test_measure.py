@@ -72,7 +72,7 @@ def test_a_decode_step_reads_every_weight_and_the_kv_blocks_of_every_layer(tmp_p
     and its KV bytes per token times the context; at a long one, the sparse selection reads less."""
     model = write_model(tmp_path / "m.gguf", n_layers=3)
     info = json.loads(inspect_model(model, as_json=True))
-    cfg, g, _ = lowered_model(model, PRESET, CompileOptions())
+    cfg, g, _ = lowered_model(model, PRESET, CompileOptions(precision="source"))  # inspect's plan
     wl = model_workload(Workload(ctx=256), cfg, g)
     assert wl.layers == 3
     assert wl.step_bytes == info["decode_weight_bytes_per_token"] + info["kv_bytes_per_token"] * 256

@@ -29,7 +29,7 @@ from ellm.targets import resolve_target
 PRESET = resolve_target("x86-64-v3")  # graphs only: nothing here runs code for the target
 
 
-def _graphs(path, options=CompileOptions()):
+def _graphs(path, options=CompileOptions(precision="source")):
     gf = GGUFFile(path)
     cfg = ModelConfig.from_gguf(gf)
     return gf, cfg, *build_graph(gf, cfg, options, PRESET)
@@ -136,7 +136,10 @@ def test_lowered_float_model_matches_requantised_reference(tmp_path):
 def test_precision_plan_comes_from_options_only(model_path):
     gf = GGUFFile(model_path)
     cfg = ModelConfig.from_gguf(gf)
-    assert precision_plan(gf, cfg, CompileOptions()) is None
+    assert precision_plan(gf, cfg, CompileOptions(precision="source")) is None
+    logs: list[str] = []  # both cache types given, no budget: the source plan, without measuring anything
+    assert precision_plan(gf, cfg, CompileOptions(cache_type_k="q8", cache_type_v="q4"), log=logs.append) is None
+    assert logs == ["precision: source types (both cache types given: nothing to plan at the default's bytes)"]
     assert precision_plan(gf, cfg, replace(CompileOptions(), quant_level=1)).origin == "quant-level 1"
     with pytest.raises(EllmError, match="quant-level"):
         CompileOptions(quant_level=3)
@@ -146,7 +149,8 @@ def test_precision_options_fail_clearly(tmp_path, capsys):
     from ellm.cli import main
 
     for argv, msg in (
-        (["compile", "-o", str(tmp_path / "a"), "--budget-mb", "90"], "need --precision auto"),
+        (["compile", "-o", str(tmp_path / "a"), "--precision", "source", "--budget-mb", "90"], "need --precision auto"),
+        (["compile", "-o", str(tmp_path / "e"), "--quant-level", "1", "--budget-ratio", "0.9"], "need --precision auto"),
         (["compile", "-o", str(tmp_path / "b"), "--precision", "auto", "--quant-level", "1"], "pick one"),
         (["compile", "-o", str(tmp_path / "c"), "--precision", "auto", "--budget-ratio", "-1"], "must be positive"),
         (["compile", "-o", str(tmp_path / "d"), "--precision", "auto", "--calibration", str(tmp_path / "none.txt")],
@@ -172,7 +176,7 @@ def test_auto_precision_compiles_checks_and_reuses(tmp_path, monkeypatch):
     p = json.loads((art / "manifest.json").read_text())["precision"]
     a = p["analysis"]
     assert p["origin"].startswith("auto") and p["weights"] and a["plan_bytes"] <= a["budget_bytes"]
-    assert abs(a["budget_bytes"] - 0.7 * a["default_bytes"]) <= 1
+    assert abs(a["budget_bytes"] - 0.7 * a["source_bytes"]) <= 1
     assert 0.25 <= a["measured_kl"] / a["predicted_kl"] <= 4, a
     # the manifest's plan is the plan that was costed: its bytes add up to the planner's
     from ellm.compiler.import_llama import import_llama

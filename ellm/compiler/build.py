@@ -50,11 +50,12 @@ class CompileOptions(TargetOptions):
             raise EllmError(f"unknown pass(es) {sorted(unknown)}; passes are: {', '.join(pass_names())}")
         if self.quant_level is not None and self.quant_level not in (0, 1, 2):
             raise EllmError(f"--quant-level must be 0, 1 or 2, got {self.quant_level}")
-        if self.precision not in ("source", "auto"):
+        if self.precision not in (None, "source", "auto"):
             raise EllmError(f"--precision must be source or auto, got {self.precision!r}")
         if self.precision == "auto" and self.quant_level is not None:
             raise EllmError("--precision auto plans from measurements; --quant-level is a fixed recipe: pick one")
-        if (self.budget_mb is not None or self.budget_ratio is not None) and self.precision != "auto":
+        if (self.budget_mb is not None or self.budget_ratio is not None) and (
+                self.precision == "source" or self.quant_level is not None):
             raise EllmError("--budget-mb and --budget-ratio need --precision auto")
         Budget(self.budget_mb, self.budget_ratio, self.budget_ctx)  # validates them
         if not self.target_names():

@@ -35,7 +35,9 @@ class TargetOptions:
     activations: str = "auto"
     prefetch: bool = True
     quant_level: int | None = None  # --quant-level 0/1/2 (precision/levels.py); None: the GGUF's types
-    precision: str = "source"  # "auto": the measured plan under the byte budget (precision/auto.py)
+    # "auto": the measured plan under the byte budget (precision/auto.py); "source": the GGUF's types and the
+    # rule-based KV plan; None: auto, unless a quant level is given
+    precision: str | None = None
     budget_mb: float | None = None  # bytes read per decoded token at budget_ctx, in 10^6 bytes ...
     budget_ratio: float | None = None  # ... or as a share of today's default (source weights, rule-based KV)
     budget_ctx: int = 8192
@@ -45,9 +47,15 @@ class TargetOptions:
 def precision_plan(gf: GGUFFile, cfg: ModelConfig, options: TargetOptions, g0: Graph | None = None,
                    log: Callable[[str], None] = lambda s: None, check: bool = True) -> PrecisionPlan | None:
     """The precision plan `options` ask for (None: every weight at its source type, KV as the options say).
-    `--precision auto` measures the model once (cached by its sha256 and the calibration text); `check`
-    then measures the chosen plan as a whole."""
+    `--precision auto` (the default) measures the model once (cached by its sha256 and the calibration text);
+    `check` then measures the chosen plan as a whole. With both cache types given and no budget, the budget is
+    the source weights plus those caches: the source plan is the only one of zero KL, so nothing is measured."""
+    fixed = (parse_kv_type(options.cache_type_k), parse_kv_type(options.cache_type_v))
     if options.quant_level is None and options.precision == "source":
+        return None
+    explicit_budget = options.budget_mb is not None or options.budget_ratio is not None
+    if options.quant_level is None and None not in fixed and not explicit_budget:
+        log("precision: source types (both cache types given: nothing to plan at the default's bytes)")
         return None
     g0 = g0 if g0 is not None else import_llama(gf, cfg)
     infos = weight_infos(g0)
@@ -61,7 +69,6 @@ def precision_plan(gf: GGUFFile, cfg: ModelConfig, options: TargetOptions, g0: G
 
         budget = Budget(options.budget_mb, options.budget_ratio, options.budget_ctx)
         kv = KVGeometry(cfg.n_kv_heads, cfg.head_dim, options.kv_block, options.kv_recent, options.max_chunk)
-        fixed = (parse_kv_type(options.cache_type_k), parse_kv_type(options.cache_type_v))
         plan = auto_plan(gf, cfg, Tokenizer.from_gguf(gf), infos, budget, kv, Calibration.load(options.calibration),
                          log=log, check=check, fixed_kv=fixed)
     plan.check(infos, cfg.n_layers)

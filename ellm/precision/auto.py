@@ -29,9 +29,11 @@ def fixed_bytes(cfg: ModelConfig, infos: list[WeightInfo]) -> int:
     return row + 4 * cfg.d_model * (2 * cfg.n_layers + 1)
 
 
-def default_step_bytes(ds: list[Decision], cfg: ModelConfig, kv: KVGeometry, ctx: int, attention: AttentionConfig) -> int:
-    """Bytes per token of today's default compile: every weight at its source type, the rule-based KV plan."""
-    rule = KVPlan.auto(cfg.n_layers, kv.n_kv_heads, kv.head_dim, kv.max_chunk, None, None, kv.block, kv.recent)
+def source_step_bytes(ds: list[Decision], cfg: ModelConfig, kv: KVGeometry, ctx: int, attention: AttentionConfig,
+                       fixed_kv: tuple[KVType | None, KVType | None] = (None, None)) -> int:
+    """Bytes per token of the source-precision compile with these options: every weight at its source type, the
+    rule-based KV plan (`fixed_kv`: the cache types the user gave, which replace the rule's on their side)."""
+    rule = KVPlan.auto(cfg.n_layers, kv.n_kv_heads, kv.head_dim, kv.max_chunk, *fixed_kv, kv.block, kv.recent)
     weights = sum(d.choices[0].bytes for d in ds if d.kind == "weights")
     return weights + rule.read_bytes(ctx, attention)
 
@@ -45,24 +47,24 @@ def auto_plan(gf: GGUFFile, cfg: ModelConfig, tokenizer, infos: list[WeightInfo]
     attention = AttentionConfig()
     ds = decisions(infos, table, cfg.n_layers, kv, budget.ctx, attention, *fixed_kv)
     fixed = fixed_bytes(cfg, infos)
-    default = default_step_bytes(ds, cfg, kv, budget.ctx, attention) + fixed
-    limit = budget.bytes(default)
+    source = source_step_bytes(ds, cfg, kv, budget.ctx, attention, fixed_kv) + fixed
+    limit = budget.bytes(source)
     picks = solve(ds, limit - fixed)
     chosen = plan_bytes(ds, picks) + fixed
-    origin = f"auto: {limit / 1e6:.2f} MB per token at {budget.ctx} ({limit / default:.0%} of the default)"
+    origin = f"auto: {limit / 1e6:.2f} MB per token at {budget.ctx} ({limit / source:.0%} of the source plan's)"
     plan = to_plan(ds, picks, cfg.n_layers, origin,
                    ("candidates never exceed a tensor's source type: bytes are only ever saved, never spent raising",))
     summary = {"model_sha256": table.model_sha256, "calibration": table.calibration,
                "calibration_sha256": table.calibration_sha256, "analysis_seconds": round(table.seconds, 1),
                "measurements": len(table.measurements), "budget_ctx": budget.ctx, "budget_bytes": limit,
-               "default_bytes": default, "plan_bytes": chosen}
+               "source_bytes": source, "plan_bytes": chosen}
     if check:
         measured = checked_plan(gf, cfg, tokenizer, plan, table, calibration, log)
         summary.update(measured)
         log(f"precision plan: predicted KL {plan.predicted_kl:.4f}, measured {measured['measured_kl']:.4f} "
             f"(weights {measured['measured_kl_weights']:.4f}, KV {measured['measured_kl_kv']:.4f}) nats per token")
-    log(f"precision plan: {chosen / 1e6:.2f} MB per token at {budget.ctx} (budget {limit / 1e6:.2f}, default "
-        f"{default / 1e6:.2f})")
+    log(f"precision plan: {chosen / 1e6:.2f} MB per token at {budget.ctx} (budget {limit / 1e6:.2f}, source plan "
+        f"{source / 1e6:.2f})")
     return replace(plan, summary=summary)
 
 

@@ -200,8 +200,8 @@ class PrecisionPlan:
 
 @dataclass(frozen=True)
 class Budget:
-    """Bytes read per decoded token at `ctx`: `mb` (10^6 bytes) outright, or `ratio` of today's default
-    (source weights, the rule-based `auto` KV plan)."""
+    """Bytes read per decoded token at `ctx`: `mb` (10^6 bytes) outright, or `ratio` of the source plan's
+    (source weights, the rule-based KV plan; the cache types given replace it on their side)."""
 
     mb: float | None = None
     ratio: float | None = None
@@ -215,7 +215,7 @@ class Budget:
         if self.ctx < 1:
             raise EllmError(f"--budget-ctx must be positive, got {self.ctx}")
 
-    def bytes(self, default_bytes: int) -> int:
+    def bytes(self, source_bytes: int) -> int:
         if self.mb is not None:
             return int(self.mb * 1e6)
-        return int((1.0 if self.ratio is None else self.ratio) * default_bytes)
+        return int((1.0 if self.ratio is None else self.ratio) * source_bytes)

@@ -69,7 +69,7 @@ def render_text(table: SensitivityTable, plan: PrecisionPlan | None) -> str:
                          f"(weights {a['measured_kl_weights']:.4f}, KV {a['measured_kl_kv']:.4f})")
         if "plan_bytes" in a:
             lines.append(f"  {a['plan_bytes'] / 1e6:.2f} MB per token at {a['budget_ctx']} (budget {a['budget_bytes'] / 1e6:.2f}, "
-                         f"default {a['default_bytes'] / 1e6:.2f})")
+                         f"source plan {a['source_bytes'] / 1e6:.2f})")
         lines += [f"  note: {n}" for n in plan.notes]
     return "\n".join(lines)
 
