@@ -28,7 +28,7 @@ class _Sources:
         rows = slice(None) if row_ids is None else np.asarray(row_ids)
         if src is qtype:
             return self.gf.raw(name)[rows]
-        key = (name, qtype, None if row_ids is None else hash(row_ids))
+        key = (name, qtype, row_ids)
         if key not in self.cache:
             if len(self.cache) >= self.keep:
                 del self.cache[next(iter(self.cache))]
