@@ -149,9 +149,10 @@ def test_precision_options_fail_clearly(tmp_path, capsys):
     from ellm.cli import main
 
     for argv, msg in (
-        (["compile", "-o", str(tmp_path / "a"), "--precision", "source", "--budget-mb", "90"], "need --precision auto"),
-        (["compile", "-o", str(tmp_path / "e"), "--quant-level", "1", "--budget-ratio", "0.9"], "need --precision auto"),
+        (["compile", "-o", str(tmp_path / "a"), "--precision", "source", "--budget-mb", "90"], "need the measured plan"),
+        (["compile", "-o", str(tmp_path / "e"), "--quant-level", "1", "--budget-ratio", "0.9"], "need the measured plan"),
         (["compile", "-o", str(tmp_path / "b"), "--precision", "auto", "--quant-level", "1"], "pick one"),
+        (["compile", "-o", str(tmp_path / "f"), "--precision", "source", "--quant-level", "2"], "pick one"),
         (["compile", "-o", str(tmp_path / "c"), "--precision", "auto", "--budget-ratio", "-1"], "must be positive"),
         (["compile", "-o", str(tmp_path / "d"), "--precision", "auto", "--calibration", str(tmp_path / "none.txt")],
          "cannot read calibration text"),
@@ -227,7 +228,8 @@ def test_split_head_graph_and_bytes(tmp_path):
     assert (embd.qtype, embd.rows, embd.row_ids) == (Q.Q8_0, cfg.vocab_size, None)  # the lookup table stays whole
     head = next(i for i in infos if i.part == "head")
     saved = head.nbytes(Q.Q8_0) - plan.head_split.nbytes(head, Q.Q8_0)
-    assert saved == 256 * (272 - 144) and decode_weight_bytes(base) - decode_weight_bytes(g) == saved - 4 * cfg.vocab_size
+    assert saved == 256 * (272 - 144) - 4 * cfg.vocab_size  # the int32 index is read too
+    assert decode_weight_bytes(base) - decode_weight_bytes(g) == saved
 
 
 def test_split_head_plans_are_checked(tmp_path):
@@ -269,5 +271,24 @@ def test_split_head_artifact_matches_reference(tmp_path, monkeypatch):
     assert np.abs(got - want).max() <= tol
     assert np.abs(got - NumpyLlama(path).forward(ids)).max() > 10 * tol  # the cold rows did change
     eng.reset()
-    eng.prefill(ids[:-1])
+    np.testing.assert_allclose(eng.prefill(ids[:-1]), want[-2], atol=tol, rtol=0)  # one row through both heads
     np.testing.assert_allclose(eng.decode(ids[-1]), want[-1], atol=tol, rtol=0)
+
+
+def test_default_plan_falls_back_when_the_analysis_does_not_fit(tmp_path, monkeypatch):
+    """A model whose float analysis would not fit in memory compiles at source types by default, with a log
+    line; asked for by name, it is a clear error. Nothing is measured either way."""
+    import ellm.precision.model as model
+
+    path = write_model(tmp_path / "m.gguf")
+    gf = GGUFFile(path)
+    cfg = ModelConfig.from_gguf(gf)
+    assert model.analysis_memory(cfg) < model.available_memory()
+    monkeypatch.setattr(model, "available_memory", lambda: model.analysis_memory(cfg))  # 80% of it is too little
+    monkeypatch.setenv("ELLM_CACHE", str(tmp_path / "cache"))
+    logs: list[str] = []
+    assert precision_plan(gf, cfg, CompileOptions(), log=logs.append) is None
+    assert len(logs) == 1 and "needs about" in logs[0] and "source types" in logs[0]
+    with pytest.raises(EllmError, match="--precision source"):
+        precision_plan(gf, cfg, CompileOptions(precision="auto"))
+    assert not (tmp_path / "cache").exists()

@@ -52,11 +52,12 @@ class CompileOptions(TargetOptions):
             raise EllmError(f"--quant-level must be 0, 1 or 2, got {self.quant_level}")
         if self.precision not in (None, "source", "auto"):
             raise EllmError(f"--precision must be source or auto, got {self.precision!r}")
-        if self.precision == "auto" and self.quant_level is not None:
-            raise EllmError("--precision auto plans from measurements; --quant-level is a fixed recipe: pick one")
+        if self.precision is not None and self.quant_level is not None:
+            raise EllmError(f"--precision {self.precision} and --quant-level are both precision recipes: pick one")
         if (self.budget_mb is not None or self.budget_ratio is not None) and (
                 self.precision == "source" or self.quant_level is not None):
-            raise EllmError("--budget-mb and --budget-ratio need --precision auto")
+            raise EllmError("--budget-mb and --budget-ratio need the measured plan (--precision auto, the default), "
+                            "not --precision source or --quant-level")
         Budget(self.budget_mb, self.budget_ratio, self.budget_ctx)  # validates them
         if not self.target_names():
             raise EllmError("--target needs at least one preset name or auto")
@@ -130,7 +131,8 @@ def compile_model(
         log(f"precision: {plan.origin}; {len(plan.weights)} weights lowered"
             + (f" (to {', '.join(lowered)})" if lowered else "")
             + (f"; output head split: {len(plan.head_split.hot)} likeliest rows kept, the rest at "
-               f"{plan.head_split.cold.name}" if plan.head_split is not None else "")
+               f"{plan.head_split.cold.name}" + (" (the artifact also keeps the embedding's whole table)"
+                                                 if cfg.tied_embeddings else "") if plan.head_split is not None else "")
             + "".join(f"; {n}" for n in plan.notes))
     graphs = [build_graph(gf, cfg, options, p, plan) for p in presets]  # import (and validate) before any TVM work
     log(f"model {model_path.name}: {cfg.arch}, {cfg.n_layers} layers, target{'s' if len(presets) > 1 else ''} "

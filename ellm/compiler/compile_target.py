@@ -57,6 +57,17 @@ def precision_plan(gf: GGUFFile, cfg: ModelConfig, options: TargetOptions, g0: G
     if options.quant_level is None and None not in fixed and not explicit_budget:
         log("precision: source types (both cache types given: nothing to plan at the default's bytes)")
         return None
+    if options.quant_level is None:
+        from ..precision.model import analysis_memory, available_memory
+
+        need, have = analysis_memory(cfg), available_memory()
+        if need > 0.8 * have:
+            msg = (f"the sensitivity analysis of this model needs about {need / 2**30:.1f} GiB of memory and "
+                   f"{have / 2**30:.1f} GiB is available")
+            if options.precision == "auto":  # asked for by name: say so
+                raise EllmError(f"{msg}; compile with --precision source or --quant-level 0|1|2")
+            log(f"precision: source types ({msg}; --quant-level 0|1|2 lowers by recipe)")
+            return None
     g0 = g0 if g0 is not None else import_llama(gf, cfg)
     infos = weight_infos(g0)
     if options.quant_level is not None:

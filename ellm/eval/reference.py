@@ -15,7 +15,8 @@ def is_reference(art: Artifact) -> bool:
     from ..kv.plan import KVType
 
     plan = art.kv_plan
-    lowered = art.manifest.get("precision", {}).get("weights", {})  # weights stored below their source type
+    precision = art.manifest.get("precision", {})
+    lowered = precision.get("weights", {}) or precision.get("head_split")  # stored below their source type
     return set(plan.k) == set(plan.v) == {KVType.F16} and not lowered
 
 

@@ -54,6 +54,32 @@ def round_activations(x: np.ndarray, bits: int, group: int = 32) -> np.ndarray:
     return (np.rint(g / s) * s).reshape(T, K).astype(F32)
 
 
+def analysis_memory(cfg: ModelConfig, head_candidates: int = 2, ctx: int = 4096) -> int:
+    """Bytes the analysis holds at once: every weight in float32, the head again per lower candidate, and a
+    long run's layer inputs and caches (ctx tokens)."""
+    d, L = cfg.d_model, cfg.n_layers
+    kv = cfg.n_kv_heads * cfg.head_dim
+    per_layer = d * (cfg.n_heads * cfg.head_dim) * 2 + d * kv * 2 + 3 * d * cfg.d_ff
+    head = cfg.vocab_size * d
+    weights = L * per_layer + head * (1 if cfg.tied_embeddings else 2)
+    activations = ctx * (d * (L + 1) // 16 + 2 * kv * L + 4 * d) + 128 * cfg.vocab_size * 2
+    return 4 * (weights + head * head_candidates + activations)
+
+
+def available_memory() -> int:
+    """Bytes the kernel reports as available (Linux MemAvailable; else all physical memory)."""
+    import os
+
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 @dataclass
 class LayerEdit:
     """What one re-run changes in the layer it starts at: weights (GGUF name -> float values), how the

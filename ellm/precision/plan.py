@@ -99,14 +99,16 @@ class HeadSplit:
         return tuple(i for i in range(vocab) if i not in hot)
 
     def nbytes(self, info: WeightInfo, hot_type: QuantType) -> int:
+        """Bytes a step reads: both row sets and the int32 index that restores token order."""
         n = len(self.hot)
-        return n * FORMATS[hot_type].row_bytes(info.cols) + (info.rows - n) * FORMATS[self.cold].row_bytes(info.cols)
+        rows = n * FORMATS[hot_type].row_bytes(info.cols) + (info.rows - n) * FORMATS[self.cold].row_bytes(info.cols)
+        return rows + 4 * info.rows
 
     def fits(self, info: WeightInfo, hot_type: QuantType) -> bool:
         """Both row sets can be stored: ids in the vocabulary, a cold type below the hot one, and row counts
         the head's layout takes (whole 16-row tiles where the unsplit head has them)."""
         n = len(self.hot)
-        if not 0 < n < info.rows or self.hot[-1] >= info.rows or bits(self.cold) >= bits(hot_type):
+        if not 0 < n < info.rows or self.hot[0] < 0 or self.hot[-1] >= info.rows or bits(self.cold) >= bits(hot_type):
             return False
         if self.cold not in info.candidates():
             return False
