@@ -247,12 +247,14 @@ def test_split_head_plans_are_checked(tmp_path):
     assert PrecisionPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
 
 
-def test_split_head_artifact_matches_reference(tmp_path, monkeypatch):
-    """Compiled with a split head, the artifact's logits are those of a float64 model whose cold rows are our
-    re-quantiser's Q4_0 (dequantised by gguf) and whose hot rows are the source's; prefill and decode agree."""
+@pytest.mark.parametrize("tied", [True, False])
+def test_split_head_artifact_matches_reference(tmp_path, monkeypatch, tied):
+    """Compiled with a split head (tied to the embedding or its own output.weight), the artifact's logits are
+    those of a float64 model whose cold rows are our re-quantiser's Q4_0 (dequantised by gguf) and whose hot
+    rows are the source's; prefill and decode agree."""
     import ellm.compiler.build as build
 
-    path = write_model(tmp_path / "m.gguf")
+    path = write_model(tmp_path / "m.gguf", tied=tied)
     plan = _split_plan(320)
     monkeypatch.setattr(build, "precision_plan", lambda *a, **k: plan)
     options = CompileOptions(cache_type_k="f32", cache_type_v="f32", activations="int16")
