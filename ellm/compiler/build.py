@@ -130,9 +130,8 @@ def compile_model(
         lowered = sorted({t.name for _, t in plan.weights})
         log(f"precision: {plan.origin}; {len(plan.weights)} weights lowered"
             + (f" (to {', '.join(lowered)})" if lowered else "")
-            + (f"; output head split: {len(plan.head_split.hot)} likeliest rows kept, the rest at "
-               f"{plan.head_split.cold.name}" + (" (the artifact also keeps the embedding's whole table)"
-                                                 if cfg.tied_embeddings else "") if plan.head_split is not None else "")
+            + (f"; {plan.head_split.describe()}" if plan.head_split is not None else "")
+            + ("; the artifact also keeps the embedding's whole table" if plan.head_split and cfg.tied_embeddings else "")
             + "".join(f"; {n}" for n in plan.notes))
     graphs = [build_graph(gf, cfg, options, p, plan) for p in presets]  # import (and validate) before any TVM work
     log(f"model {model_path.name}: {cfg.arch}, {cfg.n_layers} layers, target{'s' if len(presets) > 1 else ''} "

@@ -202,24 +202,26 @@ def analyse(gf: GGUFFile, cfg: ModelConfig, tokenizer, infos: list[WeightInfo], 
         kl, top1 = score([model.rerun(layer, r[layer], 0, {layer: LayerEdit(act_bits=8)}) for r in runs])
         return Measurement(f"blk.{layer}.activations", "activations", layer, "int8", kl, top1)
 
+    # The head's logits are column-separable: a split head's are the lowered head's with the hot tokens'
+    # columns taken from the source head's. One matmul per type serves the whole head and every split.
     heads = [i for i in infos if i.layer is None]
-    head_lowered = {(i.name, t): lowered_values(gf, i.name, t) for i in heads for t in i.candidates()[1:]}
     head_x = np.concatenate([model.head_input(r[-1][:: s.stride]) for r in runs])  # [scored, d]
+    head_z = {(i.name, t): head_x @ lowered_values(gf, i.name, t).T for i in heads for t in i.candidates()[1:]}
+    source_z = {i.name: head_x @ model.w[i.name].T for i in heads}  # [scored, vocab]
 
     def head_task(info: WeightInfo, t) -> Measurement:
-        z = head_x @ head_lowered[info.name, t].T
+        z = head_z[info.name, t]
         return Measurement(info.name, "head", None, t.name, float(ref.kl(z).mean()), ref.top1_agree(z))
 
     def split_task(info: WeightInfo, t, n: int) -> Measurement:
-        w = head_lowered[info.name, t].copy()
-        w[order[:n]] = model.w[info.name][order[:n]]
-        z = head_x @ w.T
+        z = head_z[info.name, t].copy()
+        z[:, order[:n]] = source_z[info.name][:, order[:n]]
         return Measurement(info.name, "head_split", None, split_type(t.name, n), float(ref.kl(z).mean()),
                            ref.top1_agree(z))
 
     tasks = [partial(weight_task, i.layer, i, t) for i in infos if i.layer is not None for t in i.candidates()[1:]]
     tasks += [partial(act_task, layer) for layer in range(cfg.n_layers)]
-    tasks += [partial(head_task, i, t) for i in infos if i.layer is None for t in i.candidates()[1:]]
+    tasks += [partial(head_task, i, t) for i in heads for t in i.candidates()[1:]]
     tasks += [partial(split_task, i, t, n) for i in heads for t in i.candidates()[1:] for n in hot_sizes(i.rows)]
     out += _map(tasks, "weights and activations", t0, log)
 

@@ -94,6 +94,9 @@ class HeadSplit:
         if list(self.hot) != sorted(set(self.hot)):
             raise EllmError("precision plan: the head's hot token ids must be ascending and distinct")
 
+    def describe(self) -> str:
+        return f"output head split: {len(self.hot)} likeliest tokens' rows at the head's type, the rest at {self.cold.name}"
+
     def cold_ids(self, vocab: int) -> tuple[int, ...]:
         hot = set(self.hot)
         return tuple(i for i in range(vocab) if i not in hot)

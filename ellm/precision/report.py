@@ -56,8 +56,7 @@ def render_text(table: SensitivityTable, plan: PrecisionPlan | None) -> str:
         for t, names in sorted(by_type.items()):
             lines.append(f"  {len(names)} weights to {t}: {', '.join(sorted(names)[:6])}{' ...' if len(names) > 6 else ''}")
         if plan.head_split is not None:
-            lines.append(f"  output head split: {len(plan.head_split.hot)} likeliest tokens' rows at the source type, "
-                         f"the rest at {plan.head_split.cold.name}")
+            lines.append(f"  {plan.head_split.describe()}")
         if plan.kv_k is not None:
             from ..kv.plan import KVPlan
 
