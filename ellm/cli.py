@@ -46,6 +46,9 @@ def add_kv_type_args(p: argparse.ArgumentParser) -> None:
                         "--precision source, q4 with q8 keys in the first layers, within 30%% of f16)")
     p.add_argument("--cache-type-k", choices=names, help="K cache type (overrides --kv-type)")
     p.add_argument("--cache-type-v", choices=names, help="V cache type (overrides --kv-type)")
+    p.add_argument("--kv-store", choices=("protected", "plain"), default="protected",
+                   help="protected (default): quantised keys stored in each head's Hadamard basis and the first block "
+                        "(the attention sinks) kept at float16; plain: neither")
 
 
 def kv_types(a: argparse.Namespace) -> tuple[str, str]:
@@ -60,6 +63,7 @@ def compile_options(a: argparse.Namespace, target: str | None = None):
         target=target or a.target,
         cache_type_k=kv_types(a)[0],
         cache_type_v=kv_types(a)[1],
+        kv_store=a.kv_store,
         disable_passes=tuple(a.disable_pass or ()),
         enable_passes=tuple(a.enable_pass or ()),
         tuning_db=Path(a.tuning_db) if getattr(a, "tuning_db", None) else None,
@@ -210,7 +214,7 @@ def cmd_inspect(a: argparse.Namespace) -> int:
         from .precision.cli import cmd_inspect_precision
 
         return cmd_inspect_precision(a)
-    print(inspect_model(a.model, *kv_types(a), as_json=a.json))
+    print(inspect_model(a.model, *kv_types(a), as_json=a.json, kv_store=a.kv_store))
     return 0
 
 

@@ -84,8 +84,7 @@ def visible(plan: KVPlan, layer: int, k: np.ndarray, v: np.ndarray, t: int) -> t
     rd = np.dtype(plan.ring_dtype)
     ks = k[:, : t + 1].astype(rd).astype(np.float64)
     vs = v[:, : t + 1].astype(rd).astype(np.float64)
-    first_ring = t // B - plan.recent + 1
-    for b in range(max(0, first_ring)):
+    for b in stored_blocks(plan, t):
         blk = slice(b * B, (b + 1) * B)
         for h in range(k.shape[0]):
             for arr, kind in ((ks, plan.k[layer]), (vs, plan.v[layer])):
@@ -96,6 +95,19 @@ def visible(plan: KVPlan, layer: int, k: np.ndarray, v: np.ndarray, t: int) -> t
                 else:  # values: per token over channels
                     arr[h, blk] = quantise_ref(arr[h, blk], kind)[0]
     return ks, vs
+
+
+def stored_blocks(plan: KVPlan, t: int) -> range:
+    """Blocks a query at position t reads from the store: those before the recent tier, less the pinned ones."""
+    return range(plan.pinned, max(0, t // plan.block - plan.recent + 1))
+
+
+def rotated_keys(plan: KVPlan, layer: int, x: np.ndarray) -> np.ndarray:
+    """Keys or queries [..., hd] (last axis one head) in the basis `layer` stores its keys in: the head's
+    Hadamard basis where the plan rotates them, else as given."""
+    from ellm.precision.kv_read import hadamard
+
+    return x @ hadamard(plan.head_dim) if plan.rotated(layer) else x
 
 
 def attention_ref(q: np.ndarray, ks: np.ndarray, vs: np.ndarray, H: int) -> np.ndarray:
@@ -113,18 +125,18 @@ def attention_ref(q: np.ndarray, ks: np.ndarray, vs: np.ndarray, H: int) -> np.n
 def ring_tokens(plan: KVPlan, state: list[np.ndarray], layer: int, positions) -> tuple[np.ndarray, np.ndarray]:
     """(K, V) [len(positions), Hkv, hd] of tokens as the ring holds them (float32)."""
     rk, rv = state[0], state[1]
-    B, RS = plan.block, plan.ring
-    k = np.stack([rk[layer, :, (p // B) % RS, (p % B) // 16, :, p % 16] for p in positions]).astype(np.float32)
-    v = np.stack([rv[layer, :, (p // B) % RS, p % B, :] for p in positions]).astype(np.float32)
+    B = plan.block
+    k = np.stack([rk[layer, :, plan.ring_slot(p // B), (p % B) // 16, :, p % 16] for p in positions]).astype(np.float32)
+    v = np.stack([rv[layer, :, plan.ring_slot(p // B), p % B, :] for p in positions]).astype(np.float32)
     return k, v
 
 
 def clear_ring_tokens(plan: KVPlan, state: list[np.ndarray], layer: int, positions) -> None:
     """Set the ring entries of `positions` back to NaN (so a test can check nothing else was written)."""
-    B, RS = plan.block, plan.ring
+    B = plan.block
     for p in positions:
-        state[0][layer, :, (p // B) % RS, (p % B) // 16, :, p % 16] = np.nan
-        state[1][layer, :, (p // B) % RS, p % B, :] = np.nan
+        state[0][layer, :, plan.ring_slot(p // B), (p % B) // 16, :, p % 16] = np.nan
+        state[1][layer, :, plan.ring_slot(p // B), p % B, :] = np.nan
 
 
 def block_bounds_ref(plan: KVPlan, layer: int, ks: np.ndarray, q: np.ndarray, h: int, n_blocks: int, H: int) -> np.ndarray:
@@ -208,7 +220,7 @@ def scores_ref(plan: KVPlan, layer: int, k: np.ndarray, q: np.ndarray, t: int, H
     if not int_bits or kt.is_float:
         return s
     rd = np.dtype(plan.ring_dtype)
-    for b in range(max(0, t // B - plan.recent + 1)):  # blocks read from the store
+    for b in stored_blocks(plan, t):  # blocks read from the store
         raw = k[:, b * B : (b + 1) * B].astype(rd).astype(np.float32)  # [Hkv, B, hd]
         for h in range(H):
             codes, mn, sc = quantise_codes(raw[h // G].T, kt)  # [hd, B], [hd], [hd]
@@ -240,15 +252,16 @@ def attend_ref(plan: KVPlan, layer: int, k: np.ndarray, v: np.ndarray, q: np.nda
     s = scores_ref(plan, layer, k, q, t, H, int_bits)
     vt = plan.v[layer]
     value_bits = int_bits if value_bits is None else value_bits
-    stored = max(0, t // B - plan.recent + 1) if value_bits and not vt.is_float else 0
+    blocks = stored_blocks(plan, t) if value_bits and not vt.is_float else range(0)
     rd = np.dtype(plan.ring_dtype)
-    quant = [[quantise_codes(v[h, b * B : (b + 1) * B].astype(rd), vt) for b in range(stored)] for h in range(k.shape[0])]
+    quant = [{b: quantise_codes(v[h, b * B : (b + 1) * B].astype(rd), vt) for b in blocks} for h in range(k.shape[0])]
     out, slack = np.zeros(H * hd), np.zeros(H * hd)
     for h in range(H):
         idx = np.arange(t + 1) if keys is None else keys[h // G]
         p = np.exp(s[h, idx] - s[h, idx].max())
-        o = p[idx >= stored * B] @ vs[h // G][idx[idx >= stored * B]]
-        for b in sorted(set(idx[idx < stored * B] // B)):
+        from_store = np.isin(idx // B, list(blocks))
+        o = p[~from_store] @ vs[h // G][idx[~from_store]]
+        for b in sorted(set(idx[from_store] // B)):
             codes, mn, sc = quant[h // G][b]  # [B, hd], [B], [B]
             pb = p[(idx >= b * B) & (idx < (b + 1) * B)]
             w = pb * sc

@@ -8,7 +8,7 @@ from gguf import GGMLQuantizationType as G
 from gguf.quants import dequantize
 from kernels import build, build_request, isa_params
 from quantizers import quantize
-from kvcache import cache_attrs, clear_ring_tokens, empty_state, layer_args, ring_tokens
+from kvcache import cache_attrs, clear_ring_tokens, empty_state, layer_args, ring_tokens, rotated_keys
 from test_kernels import _rope_ref, _table
 
 import tvm
@@ -42,10 +42,17 @@ def ffn_request(m, D=256, F=512) -> KernelRequest:
     )
 
 
-def attention_input_request(m, neox, rope_dim, bias) -> KernelRequest:
+def _plan(protected: bool = False) -> KVPlan:
+    """2 layers, 2 KV heads of 64; `protected`: q4 keys stored rotated, the first block pinned (else f32)."""
+    if protected:
+        return KVPlan.uniform(2, 2, 64, KVType.Q4, KVType.Q8, max_chunk=64, pinned=1, rotate_k=True)
+    return KVPlan.uniform(2, 2, 64, KVType.F32, KVType.F32, max_chunk=64)
+
+
+def attention_input_request(m, neox, rope_dim, bias, plan: KVPlan | None = None) -> KernelRequest:
     """Norm + Q4_1 QKV + RoPE + KV append for 4 heads, 2 KV heads of 64, d_model 256, layer 1 of 2."""
     H, Hkv, hd, Lyr, D = 4, 2, 64, 2, 256
-    plan = KVPlan.uniform(Lyr, Hkv, hd, KVType.F32, KVType.F32, max_chunk=64)
+    plan = plan or _plan()
     cache_t = TensorType((Lyr, Hkv, "C", hd), "float16")
     return KernelRequest(
         OpKind.ATTN_INPUT, 1 if m == 1 else None, (cache_t, TensorType(("T", D))), (None, None),
@@ -86,7 +93,14 @@ def test_attention_input(neox, rope_dim, bias, m, preset):
     assert attention_input_error(neox, rope_dim, bias, m, preset) <= 1e-4
 
 
-def attention_input_error(neox, rope_dim, bias, m, preset, knobs=None) -> float:
+@pytest.mark.parametrize("m", [1, 3])
+def test_attention_input_rotates_quantised_keys(m):
+    """A layer with rotated keys: the ring holds each key in its head's Hadamard basis; q and v as given. The
+    ring is float16 here: rounding to it costs up to 2^-11 of the largest value."""
+    assert attention_input_error(False, 64, True, m, None, plan=_plan(protected=True)) <= 1e-4 + 2**-11
+
+
+def attention_input_error(neox, rope_dim, bias, m, preset, knobs=None, plan: KVPlan | None = None) -> float:
     """Largest error of q, k and v (norm, QKV matmul, RoPE, KV append) against float64, relative to the
     largest projection; asserts that nothing else in the KV state was written."""
     H, Hkv, hd, Lyr, C, pos, layer, D = 4, 2, 64, 2, 64, 21, 1, 256
@@ -96,8 +110,8 @@ def attention_input_error(neox, rope_dim, bias, m, preset, knobs=None) -> float:
     x = rng.standard_normal((m, D)).astype(np.float32)
     g = rng.standard_normal(D).astype(np.float32)
     b = rng.standard_normal(N).astype(np.float32)
-    plan = KVPlan.uniform(Lyr, Hkv, hd, KVType.F32, KVType.F32, max_chunk=64)
-    rule, f = build_request(attention_input_request(m, neox, rope_dim, bias), knobs, preset=preset)
+    plan = plan or _plan()
+    rule, f = build_request(attention_input_request(m, neox, rope_dim, bias, plan), knobs, preset=preset)
     assert rule.name == "attention_input"
     state = [tvm.runtime.tensor(a) for a in empty_state(plan, C)]
     args = [x, *w, g] + ([b] if bias else []) + [_table(C, 10000.0, rope_dim)]
@@ -108,6 +122,7 @@ def attention_input_error(neox, rope_dim, bias, m, preset, knobs=None) -> float:
     positions = np.arange(pos, pos + m, dtype=np.float64)
     q_ref = _rope_ref(qkv[:, : H * hd].reshape(m, H, hd), positions, 10000.0, rope_dim, neox).reshape(m, -1)
     k_ref = _rope_ref(qkv[:, H * hd : (H + Hkv) * hd].reshape(m, Hkv, hd), positions, 10000.0, rope_dim, neox)
+    k_ref = rotated_keys(plan, layer, k_ref)
     v_ref = qkv[:, (H + Hkv) * hd :].reshape(m, Hkv, hd)
     st = [t.numpy() for t in state]
     k_out, v_out = ring_tokens(plan, st, layer, range(pos, pos + m))

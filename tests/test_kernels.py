@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as G
 from gguf.quants import dequantize
-from kvcache import cache_attrs, clear_ring_tokens, empty_state, layer_args, ring_tokens
+from kvcache import cache_attrs, clear_ring_tokens, empty_state, layer_args, ring_tokens, rotated_keys
 from kernels import build, build_request, matmul_request, run
 from quantizers import quantize
 
@@ -98,14 +98,19 @@ def _table(ctx, base, rope_dim):
     return rope_table(cfg, ctx)
 
 
-@pytest.mark.parametrize("neox,rope_dim", [(False, 64), (True, 64), (False, 32), (True, 48)])
-def test_rope_kv_append(neox, rope_dim):
-    """The fused kernel: rotated q out, rotated k and raw v written into the cache at pos..pos+T-1."""
+@pytest.mark.parametrize("neox,rope_dim,protected", [(False, 64, False), (True, 64, False), (False, 32, False),
+                                                   (True, 48, False), (False, 64, True)])
+def test_rope_kv_append(neox, rope_dim, protected):
+    """The fused kernel: rotated q out, rotated k and raw v written into the cache at pos..pos+T-1.
+    `protected`: q4 keys, stored in each head's Hadamard basis, and the first block pinned in the ring."""
     import tvm
 
     H, Hkv, hd, L, C, T, pos, layer = 4, 2, 64, 3, 128, 5, 61, 2  # positions 61..65 straddle a block boundary
     W = (H + 2 * Hkv) * hd
-    plan = KVPlan.uniform(L, Hkv, hd, KVType.F32, KVType.F32, max_chunk=64)
+    if protected:
+        plan = KVPlan.uniform(L, Hkv, hd, KVType.Q4, KVType.F16, max_chunk=64, pinned=1, rotate_k=True)
+    else:
+        plan = KVPlan.uniform(L, Hkv, hd, KVType.F32, KVType.F32, max_chunk=64)
     cache_t = TensorType((L, Hkv, "C", hd), "float16")
     req = KernelRequest(
         OpKind.ROPE_KV_APPEND,
@@ -125,14 +130,17 @@ def test_rope_kv_append(neox, rope_dim):
     positions = np.arange(pos, pos + T, dtype=np.float64)
     q_ref = _rope_ref(qkv[:, : H * hd].reshape(T, H, hd), positions, 10000.0, rope_dim, neox).reshape(T, -1)
     k_ref = _rope_ref(qkv[:, H * hd : (H + Hkv) * hd].reshape(T, Hkv, hd), positions, 10000.0, rope_dim, neox)
+    k_ref = rotated_keys(plan, layer, k_ref)
     v_ref = qkv[:, (H + Hkv) * hd :].reshape(T, Hkv, hd)
-    assert np.abs(ts[2].numpy() - q_ref).max() < 1e-5
+    assert np.abs(ts[2].numpy() - q_ref).max() < 1e-5  # q as RoPE leaves it: attention rotates its own copy
     st = [t.numpy() for t in state]
     k_out, v_out = ring_tokens(plan, st, layer, range(pos, pos + T))
-    assert np.abs(k_out - k_ref).max() < 1e-5
-    np.testing.assert_array_equal(v_out, v_ref)
-    # the completed block 0 (positions 0..63) aged into the store; nothing else in the ring was written
-    np.testing.assert_array_equal(st[2][layer, :, 0, 3, :, 13:16], st[0][layer, :, 0, 3, :, 13:16])
+    tol = 1e-5 if not protected else 2**-11 * np.abs(k_ref).max()  # float16 ring: half an ulp
+    assert np.abs(k_out - k_ref).max() < tol
+    np.testing.assert_array_equal(v_out, v_ref.astype(plan.ring_dtype))
+    if not protected:  # the completed block 0 (positions 0..63) aged into the store
+        np.testing.assert_array_equal(st[2][layer, :, 0, 3, :, 13:16], st[0][layer, :, 0, 3, :, 13:16])
+    # nothing else in the ring was written
     clear_ring_tokens(plan, st, layer, range(pos, pos + T))
     assert np.isnan(st[0]).all() and np.isnan(st[1]).all()
 

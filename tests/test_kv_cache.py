@@ -11,7 +11,8 @@ from ellm.errors import EllmError
 from ellm.kv.plan import KVPlan, KVType
 from ellm.schedules import KernelRequest
 from kernels import ISA_PRESETS, PRESET, build, build_request, isa_params, needs
-from kvcache import attend_ref, cache_attrs, empty_state, layer_args, quantise_ref, sparse_ref, stored_block
+from kvcache import (attend_ref, cache_attrs, empty_state, layer_args, quantise_ref, rotated_keys, sparse_ref,
+                     stored_block)
 
 from ellm.kv.attention import AttentionConfig
 from ellm.schedules.attention import default_int_bits
@@ -48,9 +49,9 @@ INT_CLASSES = (IsaClass.AVX2, IsaClass.AVX_VNNI, IsaClass.AVX512_VNNI)
 CLASSES = isa_params(*INT_CLASSES)
 
 
-def _per_class(kt, vt):
-    return [pytest.param(kt, vt, ISA_PRESETS[c], id=f"{kt.value}-{vt.value}-{c.name.lower()}", marks=needs(ISA_PRESETS[c]))
-            for c in INT_CLASSES]
+def _per_class(kt, vt, *more):
+    return [pytest.param(kt, vt, ISA_PRESETS[c], *more, id=f"{kt.value}-{vt.value}-{c.name.lower()}",
+                         marks=needs(ISA_PRESETS[c])) for c in INT_CLASSES]
 
 F32, F16, Q8, Q4 = KVType.F32, KVType.F16, KVType.Q8, KVType.Q4
 
@@ -70,6 +71,39 @@ def test_plan_sizes_and_slots():
         KVPlan(3, 64, (F32, F16), (F32, F32))
     with pytest.raises(EllmError, match="block"):
         KVPlan(3, 64, (Q8,), (Q8,), block=48)
+
+
+def test_pinned_blocks_and_rotation_in_the_plan():
+    p = KVPlan.uniform(30, 3, 64, Q4, Q4, max_chunk=256, pinned=1, rotate_k=True)
+    assert p.ring == 1 + 2 + 4 + 1
+    # block 0 keeps slot 0; the others cycle through the remaining 7 (the ring holds as many as unpinned)
+    assert [p.ring_slot(b) for b in (0, 1, 7, 8, 15)] == [0, 1, 7, 1, 1]
+    assert p.rotated(0) and not KVPlan(3, 64, (F16, Q8, F16), (Q4,) * 3, pinned=1, ring=8, rotate_k=True).rotated(0)
+    assert KVPlan.from_key(p.key()) == p
+    old = p.to_dict()
+    del old["pinned"], old["rotate_k"]  # a manifest from before either existed
+    assert KVPlan.from_dict(old) == KVPlan(3, 64, p.k, p.v, 64, 2, p.ring)
+    # a decode step at 8K reads the pinned block at float16 (K and V, 64 tokens, 3 heads of 64, 30 layers)
+    plain = KVPlan.uniform(30, 3, 64, Q4, Q4, max_chunk=256)
+    att = AttentionConfig()
+    q4_block = 30 * 3 * 64 * 2 * 36  # codes + params of one block, K and V
+    f16_block = 30 * 3 * 64 * 64 * 2 * 2
+    assert p.read_bytes(8192, att) - plain.read_bytes(8192, att) == f16_block - q4_block
+    with pytest.raises(EllmError, match="pinned"):
+        KVPlan(3, 64, (Q8,), (Q8,), ring=3, pinned=1)
+
+
+def test_truncation_keeps_pinned_blocks():
+    """A cache truncated to n tokens is reusable while the ring still holds what a query at n reads from it:
+    the pinned block always; the recent ones only if not yet overwritten."""
+    from ellm.runtime.engine import _Cache
+
+    c = _Cache(hi_block=20)
+    assert c.restorable(64 * 20 + 5, 64, 2, ring=8, pinned=1)
+    assert not c.restorable(64 * 10, 64, 2, ring=8, pinned=1)  # block 9 was overwritten by block 16
+    assert c.restorable(30, 64, 2, ring=8, pinned=1)  # block 0 only: pinned
+    assert not c.restorable(30, 64, 2, ring=7, pinned=0)
+    assert not c.restorable(64 + 30, 64, 2, ring=8, pinned=1)  # block 1 is gone (blocks 14 .. 20 cycle)
 
 
 @pytest.mark.parametrize("t", [Q8, Q4])
@@ -103,21 +137,26 @@ def _kernels(append_req, pre_req, dec_req, chunk, preset=None):
 
 # every class on mixed q8 keys / q4 values (test_long_context_decode runs q4 keys / q8 values per class);
 # uniform caches on the host's best target
-@pytest.mark.parametrize("kt,vt,preset", [(F16, F16, None), (F32, F32, None), (Q8, Q8, None), (Q4, Q4, None),
-                                         *_per_class(Q8, Q4)])
-def test_append_age_and_attend(kt, vt, preset):
+@pytest.mark.parametrize("kt,vt,preset,protected", [(F16, F16, None, False), (F32, F32, None, False), (Q8, Q8, None, False),
+                                                   (Q4, Q4, None, False), *_per_class(Q8, Q4, False),
+                                                   (Q4, Q4, None, True), (F16, Q8, None, True)])
+def test_append_age_and_attend(kt, vt, preset, protected):
     """Steps of uneven sizes append K/V; completed blocks age into the store; prefill and split-K decode
     attention read each block at the precision the tiers give it, as the NumPy model does (quantised
-    blocks: with each dot-product class's integer scores and values)."""
+    blocks: with each dot-product class's integer scores and values). `protected`: the first block pinned in
+    the ring, and quantised keys stored (and scored) in each head's Hadamard basis."""
     import tvm
 
     H, Hkv, hd, layer = 6, 2, 64, 1
-    plan = KVPlan.uniform(2, Hkv, hd, kt, vt, max_chunk=100, block=64, recent=2)
+    plan = KVPlan.uniform(2, Hkv, hd, kt, vt, max_chunk=100, block=64, recent=2, pinned=int(protected),
+                          rotate_k=protected)
     append_req, (pre_req, dec_req) = _requests(plan, H, layer)
     f_app, f_pre, f_dec = _kernels(append_req, pre_req, dec_req, 128, preset)
     rng = np.random.default_rng([ord(c) for c in kt.value + vt.value])  # hash() of enums changes per process
     ctx = 600
     k_all = (rng.standard_normal((Hkv, ctx, hd)) * 2).astype(np.float32)
+    if plan.rotated(layer):  # keys whose rotation is exact (multiples of 1/8 in the Hadamard basis), so the
+        k_all = rotated_keys(plan, layer, np.round(k_all * 8) / 8)  # stores can be compared code for code
     v_all = rng.standard_normal((Hkv, ctx, hd)).astype(np.float32)
     state = [tvm.runtime.tensor(a) for a in empty_state(plan, ctx)]
     args = layer_args(plan, layer, state)
@@ -130,8 +169,10 @@ def test_append_age_and_attend(kt, vt, preset):
         q = rng.standard_normal((n, H * hd)).astype(np.float32)
         out = tvm.runtime.tensor(np.zeros((n, H * hd), np.float32))
         (f_dec if n == 1 else f_pre)(tvm.runtime.tensor(q), *args, tvm.runtime.tensor(DENSE), pos, layer, kslot, vslot, out)
+        k_ref, q_ref = rotated_keys(plan, layer, k_all), rotated_keys(plan, layer, q.reshape(n, H, hd)).reshape(n, -1)
         for i in range(n):
-            worst = max(worst, excess(out.numpy()[i], attend_ref(plan, layer, k_all, v_all, q[i], pos + i, H, int_bits(preset))))
+            worst = max(worst, excess(out.numpy()[i], attend_ref(plan, layer, k_ref, v_all, q_ref[i], pos + i, H,
+                                                                 int_bits(preset))))
         pos += n
     assert worst < 2e-4, worst
     # every completed block sits in the store exactly as the model quantises it
@@ -141,7 +182,7 @@ def test_append_age_and_attend(kt, vt, preset):
         for h in range(Hkv):
             k, v = stored_block(plan, layer, by_name, h, b)
             blk = slice(b * 64, (b + 1) * 64)
-            kr = k_all[h, blk].astype(rd).astype(np.float32)
+            kr = k_ref[h, blk].astype(rd).astype(np.float32)
             vr = v_all[h, blk].astype(rd).astype(np.float32)
             k_want = kr if kt.is_float else quantise_ref(kr.T, kt)[0].T
             v_want = vr if vt.is_float else quantise_ref(vr, vt)[0]

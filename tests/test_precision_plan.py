@@ -188,7 +188,10 @@ def test_auto_precision_compiles_checks_and_reuses(tmp_path, monkeypatch):
     gf = GGUFFile(path)
     cfg = ModelConfig.from_gguf(gf)
     infos = weight_infos(import_llama(gf, cfg))
-    kv = KVPlan.per_layer(cfg.n_kv_heads, cfg.head_dim, plan.kv_k, plan.kv_v, options.max_chunk)
+    from ellm.runtime.artifact import Artifact
+
+    kv = Artifact.open(art).kv_plan  # as compiled: the planned types, the default (protected) store
+    assert kv.k == plan.kv_k and kv.v == plan.kv_v and kv.pinned == 1
     assert plan.weight_bytes(infos) + kv.read_bytes(8192, AttentionConfig()) + fixed_bytes(cfg, infos) == a["plan_bytes"]
     eng = ellm.load(art, threads=2)
     assert np.isfinite(eng.logits([1, 2, 3])).all()

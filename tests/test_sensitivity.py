@@ -18,7 +18,7 @@ from ellm.config import ModelConfig
 from ellm.errors import EllmError
 from ellm.kv.plan import KVType
 from ellm.precision.divergence import Reference
-from ellm.precision.kv_read import BlockReader, store_values
+from ellm.precision.kv_read import BlockReader, hadamard, store_values
 from ellm.precision.model import FloatModel, LayerEdit, round_activations
 from ellm.precision.planner import Choice, Decision, solve
 
@@ -58,6 +58,16 @@ def test_block_store_matches_the_cache_quantisers():
     np.testing.assert_array_equal(got[:128], store_values(x[:128], "k", KVType.Q4, 64))
     np.testing.assert_array_equal(got[128:], x[128:])
     np.testing.assert_array_equal(BlockReader("v", KVType.Q8)(x, 100), x)  # block 1: all recent
+    # pinned blocks come from the ring; rotated keys are quantised in the Hadamard basis and rotated back
+    r = BlockReader("k", KVType.Q4, 64, 2, pinned=1, rotate=True)
+    got = r(x, 200)
+    hm = hadamard(64)
+    np.testing.assert_array_equal(got[:64], x[:64])
+    for h in range(3):
+        blk = x[64:128, h] @ hm  # [64 tokens, hd] in the rotated basis
+        np.testing.assert_allclose(got[64:128, h], quantise_ref(blk.T, KVType.Q4)[0].T @ hm, atol=1e-5)
+    np.testing.assert_allclose(hm @ hm, np.eye(64), atol=1e-6)
+    assert not BlockReader("v", KVType.Q4, rotate=True).rotate  # values are never rotated
 
 
 def test_float_model_matches_float64_reference(tmp_path):

@@ -19,7 +19,8 @@ from ..runtime.artifact import TOKENIZER, WEIGHTS
 from ..runtime.tokenizer import Tokenizer
 from ..targets import TargetPreset, resolve_target
 from .artifact import write_manifest, write_weights
-from .compile_target import TargetBuild, TargetOptions, build_graph, compile_target, pass_context, precision_plan
+from .compile_target import (TargetBuild, TargetOptions, build_graph, compile_target, kv_store_fields, pass_context,
+                             precision_plan)
 from .gguf_file import GGUFFile
 from .lower import ENTRIES, ParamSpec
 from .pack_weights import pack_params
@@ -43,6 +44,7 @@ class CompileOptions(TargetOptions):
             raise EllmError(f"max_chunk must be between 1 and 65536, got {self.max_chunk}")
         for t in (self.cache_type_k, self.cache_type_v):
             parse_kv_type(t)
+        kv_store_fields(self.kv_store)
         if REQUIRED & set(self.disable_passes):
             raise EllmError(f"pass(es) {sorted(REQUIRED & set(self.disable_passes))} cannot be disabled")
         unknown = (set(self.disable_passes) | set(self.enable_passes)) - set(pass_names())

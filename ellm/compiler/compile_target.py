@@ -29,6 +29,9 @@ class TargetOptions:
     cache_type_v: str = "auto"
     kv_block: int = 64
     kv_recent: int = 2
+    # "protected": quantised keys stored Hadamard-rotated and the first block (the attention sinks) kept in the
+    # float16 ring; "plain": neither (kv/plan.py)
+    kv_store: str = "protected"
     disable_passes: tuple[str, ...] = ()
     enable_passes: tuple[str, ...] = ()
     max_chunk: int = 256
@@ -42,6 +45,16 @@ class TargetOptions:
     budget_ratio: float | None = None  # ... or as a share of today's default (source weights, rule-based KV)
     budget_ctx: int = 8192
     calibration: str | None = None  # calibration text file (default: Python's language reference)
+
+
+KV_STORES = ("protected", "plain")
+
+
+def kv_store_fields(kv_store: str) -> tuple[int, bool]:
+    """--kv-store -> (pinned blocks, rotated keys)."""
+    if kv_store not in KV_STORES:
+        raise EllmError(f"--kv-store must be one of {', '.join(KV_STORES)}, got {kv_store!r}")
+    return (1, True) if kv_store == "protected" else (0, False)
 
 
 def precision_plan(gf: GGUFFile, cfg: ModelConfig, options: TargetOptions, g0: Graph | None = None,
@@ -79,7 +92,8 @@ def precision_plan(gf: GGUFFile, cfg: ModelConfig, options: TargetOptions, g0: G
         from ..runtime.tokenizer import Tokenizer
 
         budget = Budget(options.budget_mb, options.budget_ratio, options.budget_ctx)
-        kv = KVGeometry(cfg.n_kv_heads, cfg.head_dim, options.kv_block, options.kv_recent, options.max_chunk)
+        kv = KVGeometry(cfg.n_kv_heads, cfg.head_dim, options.kv_block, options.kv_recent, options.max_chunk,
+                        *kv_store_fields(options.kv_store))
         plan = auto_plan(gf, cfg, Tokenizer.from_gguf(gf), infos, budget, kv, Calibration.load(options.calibration),
                          log=log, check=check, fixed_kv=fixed)
     plan.check(infos, cfg.n_layers)
@@ -96,7 +110,7 @@ def pass_context(options: TargetOptions, preset: TargetPreset, plan: PrecisionPl
         raise EllmError(f"{activations} activations need integer dot products (AVX2 or later), which target {preset.name} lacks")
     assert activations in ACTIVATIONS
     kv = KVOptions(parse_kv_type(options.cache_type_k), parse_kv_type(options.cache_type_v), options.kv_block,
-                   options.kv_recent, options.max_chunk)
+                   options.kv_recent, options.max_chunk, *kv_store_fields(options.kv_store))
     return PassContext(preset, activations, chunks, kv, plan)
 
 

@@ -47,15 +47,18 @@ def decode_weight_bytes(g: Graph) -> int:
     return total + sum(4 * v.size for v in g.vector_params())
 
 
-def inspect_model(model, cache_type_k: str = "auto", cache_type_v: str = "auto", as_json: bool = False) -> str:
+def inspect_model(model, cache_type_k: str = "auto", cache_type_v: str = "auto", as_json: bool = False,
+                  kv_store: str = "protected") -> str:
     from ..kv.plan import KVPlan, parse_kv_type
+    from .compile_target import kv_store_fields
     from .pass_context import KVOptions
 
     path = resolve_model(model)
     gf = GGUFFile(path)
     cfg = ModelConfig.from_gguf(gf)
     g0 = import_llama(gf, cfg)
-    kv_opts = KVOptions(parse_kv_type(cache_type_k), parse_kv_type(cache_type_v))
+    kv_opts = KVOptions(parse_kv_type(cache_type_k), parse_kv_type(cache_type_v), pinned=kv_store_fields(kv_store)[0],
+                        rotate_k=kv_store_fields(kv_store)[1])
     g = run_pipeline(g0, PassContext(resolve_target("auto"), kv=kv_opts))
     plan = KVPlan.from_key(g.op("kv_cache").attr("kv_plan"))
     kv_desc = f"{plan.describe()}, blocks of {plan.block}"

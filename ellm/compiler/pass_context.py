@@ -40,6 +40,8 @@ class KVOptions:
     block: int = 64  # tokens per block
     recent: int = 2  # blocks (the current one included) a query reads from the float16 ring
     max_chunk: int = 256  # the most tokens one step writes (sizes the ring)
+    pinned: int = 1  # first blocks kept in the float16 ring (attention sinks)
+    rotate_k: bool = True  # quantised keys stored in the head's Hadamard basis
 
 
 @dataclass(frozen=True)

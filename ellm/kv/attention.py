@@ -51,6 +51,10 @@ class AttentionConfig:
             return n_ctx, 0
         return (sb + self.topk) * block + n_ctx - wb * block, wb - sb
 
+    def reads_first(self, n_ctx: int, block: int, recent: int) -> bool:
+        """Whether that query reads block 0 (always, unless top-K selection could pass it over)."""
+        return self.mode == "dense" or self.sinks > 0 or self.blocks_read(n_ctx, block, recent)[1] == 0
+
     def describe(self) -> str:
         if self.mode == "dense":
             return "attention dense"

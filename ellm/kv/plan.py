@@ -20,7 +20,7 @@ one contiguous stream):
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import EllmError
@@ -85,7 +85,14 @@ class KVPlan:
     v: tuple[KVType, ...]
     block: int = 64  # tokens per block
     recent: int = 2  # blocks (including the current one) a query sees at ring precision
-    ring: int = 7  # ring slots: recent + ceil(max_chunk / block) + 1
+    ring: int = 7  # ring slots: pinned + recent + ceil(max_chunk / block) + 1
+    # the first `pinned` blocks stay in the ring (slots 0 .. pinned - 1) and are always read at ring precision:
+    # the attention sinks' keys and values are outliers that a block's shared quantisation range serves badly
+    pinned: int = 0
+    # layers with a quantised K class store keys (and score queries) rotated by the orthonormal 64-point
+    # Walsh-Hadamard transform of each head: q.k is unchanged, and a few large channels spread over the head
+    # before per-channel quantisation
+    rotate_k: bool = False
 
     def __post_init__(self) -> None:
         if len(self.k) != len(self.v) or not self.k:
@@ -94,31 +101,37 @@ class KVPlan:
             raise EllmError(f"KV block size must be a multiple of 32 in [32, 256], got {self.block}")
         if self.head_dim % 32:
             raise EllmError(f"the block KV cache needs head_dim divisible by 32, got {self.head_dim}")
-        if self.recent < 1 or self.ring < self.recent + 1:
-            raise EllmError(f"KV plan: bad recent tier ({self.recent} blocks) or ring ({self.ring} slots)")
+        if self.recent < 1 or self.pinned < 0 or self.ring < self.pinned + self.recent + 1:
+            raise EllmError(f"KV plan: bad recent tier ({self.recent} blocks), pinned blocks ({self.pinned}) or ring "
+                            f"({self.ring} slots)")
+        if self.rotate_k and self.head_dim & (self.head_dim - 1):
+            raise EllmError(f"rotated keys need a power-of-two head_dim, got {self.head_dim}")
         floats = {t for t in self.k + self.v if t is KVType.F32}
         if floats and set(self.k + self.v) != floats:
             raise EllmError("an f32 KV cache must be f32 for every layer, K and V")
 
     @classmethod
     def per_layer(cls, n_kv_heads: int, head_dim: int, k: tuple[KVType, ...], v: tuple[KVType, ...], max_chunk: int,
-                  block: int = 64, recent: int = 2) -> KVPlan:
-        ring = recent + -(-max_chunk // block) + 1
-        return cls(n_kv_heads, head_dim, tuple(k), tuple(v), block, recent, ring)
+                  block: int = 64, recent: int = 2, pinned: int = 0, rotate_k: bool = False) -> KVPlan:
+        ring = pinned + recent + -(-max_chunk // block) + 1
+        return cls(n_kv_heads, head_dim, tuple(k), tuple(v), block, recent, ring, pinned, rotate_k)
 
     @classmethod
     def uniform(cls, n_layers: int, n_kv_heads: int, head_dim: int, k: KVType, v: KVType, max_chunk: int,
-                block: int = 64, recent: int = 2) -> KVPlan:
-        return cls.per_layer(n_kv_heads, head_dim, (k,) * n_layers, (v,) * n_layers, max_chunk, block, recent)
+                block: int = 64, recent: int = 2, pinned: int = 0, rotate_k: bool = False) -> KVPlan:
+        return cls.per_layer(n_kv_heads, head_dim, (k,) * n_layers, (v,) * n_layers, max_chunk, block, recent, pinned,
+                             rotate_k)
 
     @classmethod
     def auto(cls, n_layers: int, n_kv_heads: int, head_dim: int, max_chunk: int, k: KVType | None = None,
-             v: KVType | None = None, block: int = 64, recent: int = 2, budget: float = AUTO_BUDGET) -> KVPlan:
+             v: KVType | None = None, block: int = 64, recent: int = 2, budget: float = AUTO_BUDGET, pinned: int = 0,
+             rotate_k: bool = False) -> KVPlan:
         """Per-layer precision within `budget` of a float16 cache: the auto sides (k or v None) start at q4
         everywhere, then keys of the first layers, then values of the first layers, are raised to q8 while
         the stores fit. Early layers first: every later layer reads their output, so their rounding errors
         compound the most (the measured effect on SmolLM2 is in the README's KV table)."""
-        base = cls.uniform(n_layers, n_kv_heads, head_dim, k or KVType.Q4, v or KVType.Q4, max_chunk, block, recent)
+        base = cls.uniform(n_layers, n_kv_heads, head_dim, k or KVType.Q4, v or KVType.Q4, max_chunk, block, recent,
+                           pinned, rotate_k)
         limit = budget * 2 * 2 * n_layers * n_kv_heads * head_dim
         if base.bytes_per_token() > limit:
             return base
@@ -129,8 +142,7 @@ class KVPlan:
             for layer in range(n_layers):
                 types = list(getattr(plan, kind))
                 types[layer] = KVType.Q8
-                trial = cls(n_kv_heads, head_dim, **{"k": plan.k, "v": plan.v, kind: tuple(types)},
-                            block=block, recent=recent, ring=plan.ring)
+                trial = replace(plan, **{kind: tuple(types)})
                 if trial.bytes_per_token() > limit:
                     return plan
                 plan = trial
@@ -149,6 +161,14 @@ class KVPlan:
         """The distinct types used for `kind` ("k" or "v"), in a fixed order."""
         used = set(getattr(self, kind))
         return [t for t in KVType if t in used]
+
+    def rotated(self, layer: int) -> bool:
+        """Whether `layer` stores its keys rotated (rotate_k and a quantised K class)."""
+        return self.rotate_k and not self.k[layer].is_float
+
+    def ring_slot(self, b: int) -> int:
+        """The ring slot of block b: pinned blocks keep their own, the others cycle through the rest."""
+        return b if b < self.pinned else self.pinned + (b - self.pinned) % (self.ring - self.pinned)
 
     def slot(self, kind: str, layer: int) -> tuple[KVType, int]:
         """(type, index of `layer` among the layers of that type) for K or V."""
@@ -210,14 +230,20 @@ class KVPlan:
         import numpy as np
 
         keys, candidates = attention.blocks_read(ctx, self.block, self.recent)
+        blocks = -(-keys // self.block)
+        pinned = min(self.pinned, blocks, self.n_blocks(ctx)) if attention.reads_first(ctx, self.block, self.recent) else 0
+        ring = KVType.F32 if self.ring_dtype == "float32" else KVType.F16
         total = 0
         for i in range(self.n_layers) if layer is None else (layer,):
             for kind in kinds:
-                for st in self.store_tensors(kind, getattr(self, kind)[i]):  # [slots, heads, NB, ...]
-                    b = int(np.prod([int(d) for d in st.shape[1:] if d != "NB"])) * np.dtype(st.dtype).itemsize
-                    total += b * -(-keys // self.block)
-                    if kind == "k" and st.name.endswith(("_params", "_summary")):
-                        total += b * candidates
+                for t, n in ((getattr(self, kind)[i], blocks - pinned), (ring, pinned)):
+                    for st in self.store_tensors(kind, t):  # [slots, heads, NB, ...]
+                        b = int(np.prod([int(d) for d in st.shape[1:] if d != "NB"])) * np.dtype(st.dtype).itemsize
+                        if st.name.endswith("_summary") and t is not getattr(self, kind)[i]:
+                            b = 0  # a pinned block is read from the ring: no summary
+                        total += b * n
+                        if kind == "k" and st.name.endswith(("_params", "_summary")) and t is getattr(self, kind)[i]:
+                            total += b * candidates
         return total
 
     def bytes_per_token(self) -> float:
@@ -244,7 +270,8 @@ class KVPlan:
     # --- manifest -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {"n_kv_heads": self.n_kv_heads, "head_dim": self.head_dim, "block": self.block, "recent": self.recent,
-                "ring": self.ring, "k": [t.value for t in self.k], "v": [t.value for t in self.v],
+                "ring": self.ring, "pinned": self.pinned, "rotate_k": self.rotate_k,
+                "k": [t.value for t in self.k], "v": [t.value for t in self.v],
                 "state": [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype} for s in self.state_tensors()]}
 
     def key(self) -> str:
@@ -264,4 +291,5 @@ class KVPlan:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> KVPlan:
         return cls(int(d["n_kv_heads"]), int(d["head_dim"]), tuple(KVType(x) for x in d["k"]),
-                   tuple(KVType(x) for x in d["v"]), int(d["block"]), int(d["recent"]), int(d["ring"]))
+                   tuple(KVType(x) for x in d["v"]), int(d["block"]), int(d["recent"]), int(d["ring"]),
+                   int(d.get("pinned", 0)), bool(d.get("rotate_k", False)))  # older artifacts: neither

@@ -56,8 +56,10 @@ class AnalysisSettings:
     stride: int = 2  # ... scoring every stride-th position (the head and the KL are half of a measurement's work)
     kv_ctx: int = 4096  # K and V parts: the context
     kv_scored: int = 256  # ... of which the last positions are scored
-    block: int = 64  # the KV cache's block and recent tier
+    block: int = 64  # the KV cache's block and recent tier, pinned blocks and key rotation (kv/plan.py)
     recent: int = 2
+    pinned: int = 1
+    rotate_k: bool = True
 
     def __post_init__(self) -> None:
         if self.tokens < self.seq or self.tokens % self.seq or self.seq < 16 or not 1 <= self.stride < self.seq:
@@ -230,7 +232,7 @@ def analyse(gf: GGUFFile, cfg: ModelConfig, tokenizer, infos: list[WeightInfo], 
     kv_ref = Reference(model.logits(xs[-1]))
 
     def kv_task(layer: int, side: str, t: KVType) -> Measurement:
-        reader = BlockReader(side, t, s.block, s.recent)
+        reader = BlockReader(side, t, s.block, s.recent, s.pinned, s.rotate_k)
         edit = LayerEdit(read_k=reader) if side == "k" else LayerEdit(read_v=reader)
         z = model.logits(model.rerun(layer, xs[layer], P, {layer: edit}, past, chunk=s.block))
         return Measurement(f"blk.{layer}.{side}_cache", f"{side}_cache", layer, t.value, float(kv_ref.kl(z).mean()),

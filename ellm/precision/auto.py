@@ -33,16 +33,19 @@ def source_step_bytes(ds: list[Decision], cfg: ModelConfig, kv: KVGeometry, ctx:
                        fixed_kv: tuple[KVType | None, KVType | None] = (None, None)) -> int:
     """Bytes per token of the source-precision compile with these options: every weight at its source type, the
     rule-based KV plan (`fixed_kv`: the cache types the user gave, which replace the rule's on their side)."""
-    rule = KVPlan.auto(cfg.n_layers, kv.n_kv_heads, kv.head_dim, kv.max_chunk, *fixed_kv, kv.block, kv.recent)
+    rule = KVPlan.auto(cfg.n_layers, kv.n_kv_heads, kv.head_dim, kv.max_chunk, *fixed_kv, kv.block, kv.recent,
+                       pinned=kv.pinned, rotate_k=kv.rotate_k)
     weights = sum(d.choices[0].bytes for d in ds if d.kind == "weights")
     return weights + rule.read_bytes(ctx, attention)
 
 
 def auto_plan(gf: GGUFFile, cfg: ModelConfig, tokenizer, infos: list[WeightInfo], budget: Budget, kv: KVGeometry,
-              calibration: Calibration, settings: AnalysisSettings = AnalysisSettings(),
+              calibration: Calibration, settings: AnalysisSettings | None = None,
               log: Callable[[str], None] = lambda s: None, check: bool = True,
               fixed_kv: tuple[KVType | None, KVType | None] = (None, None)) -> PrecisionPlan:
-    """`fixed_kv`: K and V cache types the user chose (None: planned)."""
+    """`fixed_kv`: K and V cache types the user chose (None: planned). `settings`: the analysis's (default: its
+    defaults, with the KV store of `kv`)."""
+    settings = settings or AnalysisSettings(block=kv.block, recent=kv.recent, pinned=kv.pinned, rotate_k=kv.rotate_k)
     table = load_or_analyse(gf, cfg, tokenizer, infos, calibration, settings, log)
     attention = AttentionConfig()
     ds = decisions(infos, table, cfg.n_layers, kv, budget.ctx, attention, *fixed_kv)
@@ -119,7 +122,8 @@ def measure_plan(gf: GGUFFile, cfg: ModelConfig, tokenizer, plan: PrecisionPlan,
         h = model.head_input(model.rerun(0, x0, 0, edits)[:: s.stride])
         kls.append(ref.kl(h @ (head if head is not None else model.w[model.head_name]).T))
     kl_w = float(np.concatenate(kls).mean())
-    kv_edits = {i: LayerEdit(read_k=BlockReader("k", kt, s.block, s.recent), read_v=BlockReader("v", vt, s.block, s.recent))
+    kv_edits = {i: LayerEdit(read_k=BlockReader("k", kt, s.block, s.recent, s.pinned, s.rotate_k),
+                             read_v=BlockReader("v", vt, s.block, s.recent, s.pinned))
                 for i, (kt, vt) in enumerate(zip(plan.kv_k, plan.kv_v)) if not (kt.is_float and vt.is_float)}
     kl_kv = 0.0
     if kv_edits:

@@ -4,7 +4,9 @@ stores, for the float model of the sensitivity analysis.
 Blocks older than the recent tier come from the store: K quantised per block and channel (min and scale over
 the block's tokens), V per token (over the head's channels), both asymmetric with float16 parameters and
 codes rounded half up, as the cache kernels write them. The recent tier (`recent` blocks, the query's own
-included) is read from the float16 ring.
+included) and the `pinned` first blocks are read from the float16 ring. With `rotate_k`, keys are quantised
+in the head's Walsh-Hadamard basis (the kernels score rotated queries against them; here the dequantised
+keys are rotated back, which gives the same scores).
 """
 
 from __future__ import annotations
@@ -25,14 +27,26 @@ def quantise_rows(x: np.ndarray, t: KVType) -> np.ndarray:
     return (mn + sc * codes).astype(F32)
 
 
-def store_values(x: np.ndarray, side: str, t: KVType, block: int) -> np.ndarray:
-    """x [n, Hkv, hd] (n a multiple of `block`, float16-rounded) as the `t` store returns it."""
+def hadamard(n: int) -> np.ndarray:
+    """[n, n] orthonormal Walsh-Hadamard matrix in Sylvester order (symmetric: its own inverse)."""
+    h = np.ones((1, 1))
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return (h / np.sqrt(n)).astype(F32)
+
+
+def store_values(x: np.ndarray, side: str, t: KVType, block: int, rotate: bool = False) -> np.ndarray:
+    """x [n, Hkv, hd] (n a multiple of `block`, float16-rounded) as the `t` store returns it; `rotate`:
+    keys quantised in the Hadamard basis."""
     if t.is_float:
         return x
     n, H, hd = x.shape
     if side == "k":  # per block and channel: rows are channels over the block's tokens
-        b = x.reshape(n // block, block, H, hd).transpose(0, 2, 3, 1)  # [nb, H, hd, block]
-        return quantise_rows(b, t).transpose(0, 3, 1, 2).reshape(n, H, hd)
+        rot = hadamard(hd) if rotate else None
+        xr = x @ rot if rotate else x
+        b = xr.reshape(n // block, block, H, hd).transpose(0, 2, 3, 1)  # [nb, H, hd, block]
+        out = quantise_rows(b, t).transpose(0, 3, 1, 2).reshape(n, H, hd)
+        return out @ rot if rotate else out
     return quantise_rows(x, t)  # V: per token, over channels
 
 
@@ -41,8 +55,9 @@ class BlockReader:
     position `first` on (a run of queries within one block) read them. One reader serves one layer of one
     pass: the store's blocks are quantised once, as the context reaches them."""
 
-    def __init__(self, side: str, t: KVType, block: int = 64, recent: int = 2):
-        self.side, self.t, self.block, self.recent = side, t, block, recent
+    def __init__(self, side: str, t: KVType, block: int = 64, recent: int = 2, pinned: int = 0, rotate: bool = False):
+        self.side, self.t, self.block, self.recent, self.pinned = side, t, block, recent, pinned
+        self.rotate = rotate and side == "k"
         self._stored: np.ndarray | None = None
 
     def __call__(self, x: np.ndarray, first: int) -> np.ndarray:
@@ -51,6 +66,7 @@ class BlockReader:
             return x
         have = 0 if self._stored is None else len(self._stored)
         if have < cut:  # blocks are quantised independently: only the new ones
-            new = store_values(x[have:cut], self.side, self.t, self.block)
+            new = store_values(x[have:cut], self.side, self.t, self.block, self.rotate)
             self._stored = new if self._stored is None else np.concatenate([self._stored, new])
-        return np.concatenate([self._stored[:cut], x[cut:]])
+        ring = min(self.pinned * self.block, cut)  # pinned blocks: from the ring
+        return np.concatenate([x[:ring], self._stored[ring:cut], x[cut:]])

@@ -50,9 +50,12 @@ class KVGeometry:
     block: int = 64
     recent: int = 2
     max_chunk: int = 256
+    pinned: int = 1
+    rotate_k: bool = True
 
     def side_bytes(self, side: str, t: KVType, ctx: int, attention: AttentionConfig) -> int:
-        one = KVPlan.per_layer(self.n_kv_heads, self.head_dim, (t,), (t,), self.max_chunk, self.block, self.recent)
+        one = KVPlan.per_layer(self.n_kv_heads, self.head_dim, (t,), (t,), self.max_chunk, self.block, self.recent,
+                               self.pinned, self.rotate_k)
         return one.read_bytes(ctx, attention, 0, kinds=(side,))
 
 

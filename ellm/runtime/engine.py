@@ -57,10 +57,12 @@ class _Cache:
         if n == 0:
             self.hi_block = -1
 
-    def restorable(self, n: int, block: int, recent: int, ring: int) -> bool:
+    def restorable(self, n: int, block: int, recent: int, ring: int, pinned: int = 0) -> bool:
         """Whether keeping positions < n leaves a valid state: the blocks a query at n reads from the ring
-        (its own, partly written, and the recent ones before it) must not have been overwritten."""
-        return n == 0 or max(0, n // block - recent + 1) >= self.hi_block - ring + 1
+        (its own, partly written, and the recent ones before it) must not have been overwritten. Pinned blocks
+        keep their slots; the others cycle through ring - pinned."""
+        first = max(pinned, n // block - recent + 1)
+        return n == 0 or n // block < pinned or first >= self.hi_block - (ring - pinned) + 1
 
 
 class Engine:
@@ -141,7 +143,7 @@ class Engine:
     def restorable(self, n: int) -> bool:
         """Whether truncate(n) keeps the cached state (else it has to recompute positions < n)."""
         p = self.kv_plan
-        return self._cache.restorable(n, p.block, p.recent, p.ring)
+        return self._cache.restorable(n, p.block, p.recent, p.ring, p.pinned)
 
     def truncate(self, n: int) -> None:
         """Forget cached tokens from position n on; the next step writes at position n.

@@ -84,7 +84,7 @@ def _prefill(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: i
         kvh = task % Hkv
         t = I.Bind(tirx.Select(r % 2 == 0, r // 2, n - 1 - r // 2))
         sh = ReadShape(kv, attn, pos + t + 1)
-        qy = Query(q, t, kvh * G, G, hd, scale, kv.query_bits)
+        qy = Query(q, t, kvh * G, G, hd, scale, kv.query_bits, kv.rotated)
         states = [State(hd, kv.block, kv.int_bits) for _ in range(G)]
         count = I.alloc_buffer((1,), "int32")
         thr = I.alloc_buffer((1,), "float32")
@@ -120,7 +120,7 @@ def _decode(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: in
     with I.If(sh.dense == 0):
         with I.Then():
             with I.parallel(0, Hkv) as kvh:
-                qy = Query(q, 0, kvh * G, G, hd, scale)
+                qy = Query(q, 0, kvh * G, G, hd, scale, rotate=kv.rotated)
                 count = I.alloc_buffer((1,), "int32")
                 thr = select_blocks(kv, qy, G, kvh, kslot, sh, bounds, kvh * NBp, sel, kvh * kv.nb, count)
                 I.buffer_store(thrs, thr[0], [kvh])
@@ -138,7 +138,7 @@ def _decode(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: in
         kvh = job % Hkv if chunk_major else job // n_chunks
         c = job // Hkv if chunk_major else job % n_chunks
         task = kvh * n_chunks + c  # where its partial state goes, whatever the order tasks run in
-        qy = Query(q, 0, kvh * G, G, hd, scale, kv.query_bits)
+        qy = Query(q, 0, kvh * G, G, hd, scale, kv.query_bits, kv.rotated)
         states = [State(hd, kv.block, kv.int_bits) for _ in range(G)]
         cnt = I.Bind(opaque(tirx.Select(sh.dense == 1, tirx.IntImm("int64", 0), tirx.Cast("int64", n_list[kvh]))))
         end = I.Bind(opaque(n_items(sh, cnt)))
@@ -170,7 +170,7 @@ def _decode(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: in
                     I.buffer_store(st.acc, st.acc[ramp(cc * L)] + part_acc[ramp(base * hd + cc * L)] * bc(w), [ramp(cc * L)])
         with I.If(sh.dense == 0):
             with I.Then():
-                qy = Query(q, 0, kvh * G, G, hd, scale, kv.query_bits)
+                qy = Query(q, 0, kvh * G, G, hd, scale, kv.query_bits, kv.rotated)
                 thr = I.alloc_buffer((1,), "float32")
                 I.buffer_store(thr, thrs[kvh], [0])
                 widen(kv, qy, layer, kslot, vslot, kvh, sh, bounds, kvh * NBp, thr, lasts[kvh], states, sel, kvh * kv.nb,

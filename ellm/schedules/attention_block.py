@@ -32,7 +32,7 @@ from .kv_blocks import (
 )
 from .sparse_select import NEG
 from .intdot import Dot, GroupSum
-from .vecmath import exp_f32, hmax, hsum
+from .vecmath import exp_f32, hadamard, hmax, hsum
 
 
 class State:
@@ -73,7 +73,7 @@ class Query:
     """Query heads head0 .. head0+G-1 of token t, scaled by 1/sqrt(hd): qs[g * hd + d]; qk holds q times the
     key scales of the current block (quantised K) and kc[g] = sum_d q_d min_d."""
 
-    def __init__(self, q, t, head0, G: int, hd: int, scale: float, int_bits: int = 0):
+    def __init__(self, q, t, head0, G: int, hd: int, scale: float, int_bits: int = 0, rotate: bool = False):
         self.G, self.hd = G, hd
         self.qs = I.alloc_buffer((G * hd,), "float32")
         self.qk = I.alloc_buffer((G * hd,), "float32")
@@ -82,8 +82,11 @@ class Query:
             self.qi = _halves_of((G * hd,), int_bits)
             self.qf = I.alloc_buffer((G,), "float32")
         for g in range(G):
-            for c in range(hd // L):
-                I.buffer_store(self.qs, q[t, ramp((head0 + g) * hd + c * L)] * bc(f32(scale)), [ramp(g * hd + c * L)])
+            vecs = [q[t, ramp((head0 + g) * hd + c * L)] for c in range(hd // L)]
+            # rotated keys (kv/plan.py): the query rotated alike, the 1/sqrt(hd) folded into the transform's scale
+            vecs = hadamard(vecs, scale / hd ** 0.5) if rotate else [v * bc(f32(scale)) for v in vecs]
+            for c, v in enumerate(vecs):
+                I.buffer_store(self.qs, v, [ramp(g * hd + c * L)])
 
 
 def attend_block(kv: KVBuffers, qy: Query, layer, kslot, vslot, kvh, b, limit, ring: bool, states) -> None:
@@ -291,7 +294,7 @@ def _quantise_query(qy: Query) -> None:
 
 def attend(kv, qy, layer, kslot, vslot, kvh, b, limit, first_ring, states) -> None:
     """Block b for a query whose ring-precision blocks start at first_ring."""
-    with I.If(b >= first_ring):
+    with I.If(kv.in_ring(b, first_ring)):
         with I.Then():
             attend_block(kv, qy, layer, kslot, vslot, kvh, b, limit, True, states)
         with I.Else():

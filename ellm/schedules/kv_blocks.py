@@ -15,7 +15,7 @@ from tvm.tirx.script.builder import ir as I
 
 from ..kv.plan import KVPlan, KVType
 from .intdot import Dot
-from .vecmath import hmax, hreduce
+from .vecmath import hadamard, hmax, hreduce
 
 L = 16  # lanes: keys per score vector, channels per value vector
 F32 = f"float32x{L}"
@@ -87,8 +87,21 @@ class KVBuffers:
     def block(self) -> int:
         return self.plan.block
 
+    @property
+    def rotated(self) -> bool:
+        """Keys (and the queries scoring them) live rotated by the head's Hadamard transform (kv/plan.py)."""
+        return self.plan.rotate_k and not self.kt.is_float
+
     def ring_slot(self, b):
-        return b % self.plan.ring
+        """kv/plan.py's KVPlan.ring_slot: pinned blocks keep slots 0 .. pinned - 1, the others cycle."""
+        P, RS = self.plan.pinned, self.plan.ring
+        if not P:
+            return b % RS
+        return tirx.Select(b < P, b, P + (b - P) % (RS - P))
+
+    def in_ring(self, b, first_ring):
+        """Whether a query whose recent tier starts at block first_ring reads block b from the ring."""
+        return b >= first_ring if not self.plan.pinned else tirx.any(b >= first_ring, b < self.plan.pinned)
 
     def prefetch_block(self, kslot, vslot, h, b, locality: int = 2) -> None:
         """Software prefetch (LLVM locality: 2, prefetcht1, into L2, by default; t0 measured no gain) of stored
@@ -110,18 +123,24 @@ class KVBuffers:
 
     # --- writing -------------------------------------------------------------------------
     def write_k(self, layer, h, p, vecs) -> None:
-        """Key of the token at position p (head_dim / 16 float32 vectors) into the ring, transposed."""
+        """Key of the token at position p (head_dim / 16 float32 vectors) into the ring, transposed (and
+        rotated, in a rotated layer)."""
         B, dt = self.block, self.plan.ring_dtype
+        if self.rotated:
+            vecs = [I.Bind(v) for v in hadamard(vecs)]
         slot = self.ring_slot(p // B)
         for j, v in enumerate(vecs):
             kv = tirx.Cast(f"{dt}x{L}", v)
             for lane in range(L):
                 I.buffer_store(self.ring_k, tirx.Shuffle([kv], [lane]), [layer, h, slot, (p % B) // L, j * L + lane, p % L])
 
-    def write_k_scalar(self, layer, h, p, d, value) -> None:
-        B = self.block
-        I.buffer_store(self.ring_k, tirx.Cast(self.plan.ring_dtype, value),
-                       [layer, h, self.ring_slot(p // B), (p % B) // L, d, p % L])
+    def write_k_values(self, layer, h, p, value_of) -> None:
+        """write_k of a key given channel by channel: value_of(d) for d in 0 .. head_dim - 1 (Python ints)."""
+        hd = self.plan.head_dim
+        row = I.alloc_buffer((hd,), "float32")
+        for d in range(hd):
+            I.buffer_store(row, value_of(d), [d])
+        self.write_k(layer, h, p, [row[ramp(j * L)] for j in range(hd // L)])
 
     def write_v(self, layer, h, p, vecs) -> None:
         B, dt = self.block, self.plan.ring_dtype

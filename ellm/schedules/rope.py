@@ -124,8 +124,7 @@ class KvAppendRule(Rule):
                 pos, layer, kslot, vslot = KVBuffers.step_args()
                 with I.parallel(0, n) as t:
                     for h in range(plan.n_kv_heads):
-                        with I.serial(0, hd) as d:
-                            kv.write_k_scalar(layer, h, pos + t, d, k[t, k0 + h * hd + d])
+                        kv.write_k_values(layer, h, pos + t, lambda d, h=h: k[t, k0 + h * hd + d])
                         with I.vectorized(0, hd) as d:
                             kv.write_v_scalar(layer, h, pos + t, d, v[t, v0 + h * hd + d])
                 _age_blocks(kv, pos, n, layer, kslot, vslot)
@@ -164,11 +163,11 @@ class RopeKvAppendRule(Rule):
                         for d in range(rd, hd):
                             I.buffer_store(q, qkv[t, h * hd + d], [t, h * hd + d])
                     for h in range(Hkv):
-                        with I.serial(0, half) as i:
-                            kv.write_k_scalar(layer, h, pos + t, p0(i), first(qkv, tab, pos, t, k0 + h * hd, i))
-                            kv.write_k_scalar(layer, h, pos + t, p1(i), second(qkv, tab, pos, t, k0 + h * hd, i))
-                        for d in range(rd, hd):
-                            kv.write_k_scalar(layer, h, pos + t, d, qkv[t, k0 + h * hd + d])
+                        rows = {}  # head-relative column -> its rotated value (pairs of the rotation, then the rest)
+                        for i in range(half):
+                            rows[p0(i)] = first(qkv, tab, pos, t, k0 + h * hd, i)
+                            rows[p1(i)] = second(qkv, tab, pos, t, k0 + h * hd, i)
+                        kv.write_k_values(layer, h, pos + t, lambda d, h=h, rows=rows: rows.get(d, qkv[t, k0 + h * hd + d]))
                         with I.vectorized(0, hd) as d:
                             kv.write_v_scalar(layer, h, pos + t, d, qkv[t, v0 + h * hd + d])
                 _age_blocks(kv, pos, n, layer, kslot, vslot)

@@ -73,3 +73,27 @@ def hmax(v: tirx.PrimExpr) -> tirx.PrimExpr:
 def sigmoid_f32(x: tirx.PrimExpr) -> tirx.PrimExpr:
     x = _expr(x)
     return _const(1.0, x) / (_const(1.0, x) + exp_f32(-x))
+
+
+def hadamard(vecs: list, scale: float | None = None) -> list:
+    """The orthonormal Walsh-Hadamard transform (Sylvester order, symmetric: its own inverse) of the
+    n = len(vecs) * lanes values held in float32 vectors `vecs`, as vector expressions: log2(n) butterfly
+    stages, across vectors for strides >= lanes, by lane shuffles within a vector below. `scale` defaults to
+    1/sqrt(n)."""
+    vecs = [_expr(v) for v in vecs]
+    w = lanes(vecs[0])
+    n = w * len(vecs)
+    if n & (n - 1) or len(vecs) & (len(vecs) - 1):
+        raise ValueError(f"a Hadamard transform needs a power-of-two length, got {len(vecs)} x {w}")
+    s = 1
+    while s < w:  # within a vector: lane i pairs with lane i ^ s (x_lo + x_hi, x_lo - x_hi)
+        sign = tirx.Shuffle([tirx.Broadcast(tirx.const(1.0, "float32"), w), tirx.Broadcast(tirx.const(-1.0, "float32"), w)],
+                            [w * ((i & s) != 0) + i for i in range(w)])
+        vecs = [tirx.Shuffle([v], [i ^ s for i in range(w)]) + sign * v for v in vecs]
+        s *= 2
+    step = 1
+    while step < len(vecs):  # across vectors: vector j pairs with vector j ^ step
+        vecs = [vecs[j] + vecs[j ^ step] if not j & step else vecs[j ^ step] - vecs[j] for j in range(len(vecs))]
+        step *= 2
+    k = _const(scale if scale is not None else n ** -0.5, vecs[0])
+    return [v * k for v in vecs]

@@ -24,11 +24,13 @@ def plan_kv_cache(g: Graph, ctx: PassContext) -> Graph:
         # the precision plan's per-layer types; an explicit --cache-type-k/v overrides its side
         k = (kv.k,) * int(L) if kv.k is not None else tuple(KVType(t) for t in planned_k)
         v = (kv.v,) * int(L) if kv.v is not None else tuple(KVType(t) for t in planned_v)
-        plan = KVPlan.per_layer(int(Hkv), int(hd), k, v, kv.max_chunk, kv.block, kv.recent)
+        plan = KVPlan.per_layer(int(Hkv), int(hd), k, v, kv.max_chunk, kv.block, kv.recent, kv.pinned, kv.rotate_k)
     elif kv.k is None or kv.v is None:
-        plan = KVPlan.auto(int(L), int(Hkv), int(hd), kv.max_chunk, kv.k, kv.v, kv.block, kv.recent)
+        plan = KVPlan.auto(int(L), int(Hkv), int(hd), kv.max_chunk, kv.k, kv.v, kv.block, kv.recent,
+                           pinned=kv.pinned, rotate_k=kv.rotate_k)
     else:
-        plan = KVPlan.uniform(int(L), int(Hkv), int(hd), kv.k, kv.v, kv.max_chunk, kv.block, kv.recent)
+        plan = KVPlan.uniform(int(L), int(Hkv), int(hd), kv.k, kv.v, kv.max_chunk, kv.block, kv.recent, kv.pinned,
+                              kv.rotate_k)
     key = plan.key()
     int_bits = 8 if ctx.activations == "int8" else 16
     g.set_op("kv_cache", g.op("kv_cache").with_attrs(kv_plan=key))
