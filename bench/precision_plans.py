@@ -42,7 +42,7 @@ def heldout_text() -> str:
 
 
 PLANS = {
-    "rule, plain store": ["--precision", "source", "--kv-store", "plain"],  # the default before measured plans
+    "rule plain-store": ["--precision", "source", "--kv-store", "plain"],  # the default before measured plans
     "rule": ["--precision", "source"],  # GGUF types, rule-based KV, protected store
     "quant-level 0": ["--quant-level", "0"],
     "quant-level 1": ["--quant-level", "1"],
