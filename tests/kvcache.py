@@ -97,6 +97,17 @@ def visible(plan: KVPlan, layer: int, k: np.ndarray, v: np.ndarray, t: int) -> t
     return ks, vs
 
 
+def pinned_extra(model, kv_bytes_per_token: float, block: int = 64) -> int:
+    """What a decode step of the GGUF `model` reads beyond `kv_bytes_per_token` per token of context: the
+    pinned first block (the protected store, the compile default) comes at float16, K and V of every layer
+    and KV head, instead of at its store type."""
+    from ellm.compiler.gguf_file import GGUFFile
+    from ellm.config import ModelConfig
+
+    cfg = ModelConfig.from_gguf(GGUFFile(model))
+    return int(2 * cfg.n_layers * cfg.n_kv_heads * block * cfg.head_dim * 2 - kv_bytes_per_token * block)
+
+
 def stored_blocks(plan: KVPlan, t: int) -> range:
     """Blocks a query at position t reads from the store: those before the recent tier, less the pinned ones."""
     return range(plan.pinned, max(0, t // plan.block - plan.recent + 1))

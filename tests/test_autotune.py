@@ -72,13 +72,9 @@ def test_tune_then_compile_uses_the_tuned_knobs(tmp_path):
 
 
 def kv_read(model, ctx: int) -> int:
-    """Bytes of KV a decode step of the model reads at `ctx` (every block: `ellm inspect`'s bytes per token),
-    the pinned first block at float16 (K and V of every layer and KV head) instead of its store type."""
-    from ellm.compiler.gguf_file import GGUFFile
-    from ellm.config import ModelConfig
+    """Bytes of KV a decode step of the model reads at `ctx` (every block: `ellm inspect`'s bytes per token,
+    the pinned first block at float16)."""
+    from kvcache import pinned_extra
 
-    info = json.loads(inspect_model(model, as_json=True))
-    cfg = ModelConfig.from_gguf(GGUFFile(model))
-    block = 64
-    f16_block = 2 * cfg.n_layers * cfg.n_kv_heads * block * cfg.head_dim * 2
-    return int(info["kv_bytes_per_token"] * (ctx - block)) + f16_block
+    per_token = json.loads(inspect_model(model, as_json=True))["kv_bytes_per_token"]
+    return int(per_token * ctx) + pinned_extra(model, per_token)

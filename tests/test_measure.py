@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 from kernels import PRESET, matmul_request, select_rule
-from kvcache import cache_attrs
+from kvcache import cache_attrs, pinned_extra
 from synthetic import write_model
 from test_schedule_knobs import REQUESTS
 
@@ -75,7 +75,8 @@ def test_a_decode_step_reads_every_weight_and_the_kv_blocks_of_every_layer(tmp_p
     cfg, g, _ = lowered_model(model, PRESET, CompileOptions(precision="source"))  # inspect's plan
     wl = model_workload(Workload(ctx=256), cfg, g)
     assert wl.layers == 3
-    assert wl.step_bytes == info["decode_weight_bytes_per_token"] + info["kv_bytes_per_token"] * 256
+    kv = info["kv_bytes_per_token"]
+    assert wl.step_bytes == info["decode_weight_bytes_per_token"] + int(kv * 256) + pinned_extra(model, kv)
     long = model_workload(Workload(ctx=16384), cfg, g).step_bytes
     assert wl.step_bytes < long < info["decode_weight_bytes_per_token"] + info["kv_bytes_per_token"] * 16384
 
