@@ -143,6 +143,8 @@ def test_precision_plan_comes_from_options_only(model_path):
     assert precision_plan(gf, cfg, replace(CompileOptions(), quant_level=1)).origin == "quant-level 1"
     with pytest.raises(EllmError, match="quant-level"):
         CompileOptions(quant_level=3)
+    with pytest.raises(EllmError, match="kv-store"):
+        CompileOptions(kv_store="rotated")
 
 
 def test_precision_options_fail_clearly(tmp_path, capsys):

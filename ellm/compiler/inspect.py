@@ -57,8 +57,8 @@ def inspect_model(model, cache_type_k: str = "auto", cache_type_v: str = "auto",
     gf = GGUFFile(path)
     cfg = ModelConfig.from_gguf(gf)
     g0 = import_llama(gf, cfg)
-    kv_opts = KVOptions(parse_kv_type(cache_type_k), parse_kv_type(cache_type_v), pinned=kv_store_fields(kv_store)[0],
-                        rotate_k=kv_store_fields(kv_store)[1])
+    pinned, rotate_k = kv_store_fields(kv_store)
+    kv_opts = KVOptions(parse_kv_type(cache_type_k), parse_kv_type(cache_type_v), pinned=pinned, rotate_k=rotate_k)
     g = run_pipeline(g0, PassContext(resolve_target("auto"), kv=kv_opts))
     plan = KVPlan.from_key(g.op("kv_cache").attr("kv_plan"))
     kv_desc = f"{plan.describe()}, blocks of {plan.block}"
