@@ -236,13 +236,13 @@ class KVPlan:
         total = 0
         for i in range(self.n_layers) if layer is None else (layer,):
             for kind in kinds:
-                for t, n in ((getattr(self, kind)[i], blocks - pinned), (ring, pinned)):
+                for t, n, stored in ((getattr(self, kind)[i], blocks - pinned, True), (ring, pinned, False)):
                     for st in self.store_tensors(kind, t):  # [slots, heads, NB, ...]
                         b = int(np.prod([int(d) for d in st.shape[1:] if d != "NB"])) * np.dtype(st.dtype).itemsize
-                        if st.name.endswith("_summary") and t is not getattr(self, kind)[i]:
-                            b = 0  # a pinned block is read from the ring: no summary
-                        total += b * n
-                        if kind == "k" and st.name.endswith(("_params", "_summary")) and t is getattr(self, kind)[i]:
+                        side = kind == "k" and st.name.endswith(("_params", "_summary"))
+                        if stored or not side:  # a pinned block is read from the ring: no summary or params
+                            total += b * n
+                        if stored and side:
                             total += b * candidates
         return total
 
