@@ -162,9 +162,12 @@ class KVPlan:
         used = set(getattr(self, kind))
         return [t for t in KVType if t in used]
 
+    def rotates(self, kt: KVType) -> bool:
+        """Whether layers of K class kt store their keys rotated (rotate_k and a quantised class)."""
+        return self.rotate_k and not kt.is_float
+
     def rotated(self, layer: int) -> bool:
-        """Whether `layer` stores its keys rotated (rotate_k and a quantised K class)."""
-        return self.rotate_k and not self.k[layer].is_float
+        return self.rotates(self.k[layer])
 
     def ring_slot(self, b: int) -> int:
         """The ring slot of block b: pinned blocks keep their own, the others cycle through the rest."""

@@ -11,6 +11,8 @@ keys are rotated back, which gives the same scores).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..kv.plan import KVType
@@ -27,8 +29,10 @@ def quantise_rows(x: np.ndarray, t: KVType) -> np.ndarray:
     return (mn + sc * codes).astype(F32)
 
 
+@functools.lru_cache(maxsize=4)
 def hadamard(n: int) -> np.ndarray:
-    """[n, n] orthonormal Walsh-Hadamard matrix in Sylvester order (symmetric: its own inverse)."""
+    """[n, n] orthonormal Walsh-Hadamard matrix in Sylvester order (symmetric: its own inverse). Cached: every
+    store of a rotated layer uses it; callers must not write to it."""
     h = np.ones((1, 1))
     while h.shape[0] < n:
         h = np.block([[h, h], [h, -h]])

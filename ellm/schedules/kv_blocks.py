@@ -90,7 +90,7 @@ class KVBuffers:
     @property
     def rotated(self) -> bool:
         """Keys (and the queries scoring them) live rotated by the head's Hadamard transform (kv/plan.py)."""
-        return self.plan.rotate_k and not self.kt.is_float
+        return self.plan.rotates(self.kt)
 
     def ring_slot(self, b):
         """kv/plan.py's KVPlan.ring_slot: pinned blocks keep slots 0 .. pinned - 1, the others cycle."""
