@@ -195,7 +195,7 @@ def cmd_run(a: argparse.Namespace) -> int:
 
     text = _read_prompt(a)
     eng = Engine.load(a.artifact, threads=a.threads, ctx_size=a.ctx_size, target=a.target,
-                      rope_scaling=rope_scaling_option(a), attention=attention_option(a))
+                      rope_scaling=rope_scaling_option(a), attention=attention_option(a, a.artifact))
     return generate_and_report(eng, text, a)
 
 
@@ -259,7 +259,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     cfg = BenchConfig(
         artifact=artifact, model=model, ctxs=tuple(int(c) for c in a.ctx.split(",")), gen=a.gen, warmup=a.warmup,
         repeat=a.repeat, rounds=a.rounds, threads=a.threads or (os.cpu_count() or 1), llama=llama, target=a.target,
-        attention=attention_option(a), rope_scaling=rope_scaling_option(a),
+        attention=attention_overrides(a), rope_scaling=rope_scaling_option(a),
         others=tuple(Path(p) for p in split(a.compare or "")),
     )
     report = run_bench(cfg, log=log)
@@ -304,26 +304,41 @@ def add_attention_args(p: argparse.ArgumentParser) -> None:
     from .kv.attention import AttentionConfig
 
     d = AttentionConfig()
-    p.add_argument("--attention", choices=["sparse", "dense"], default=d.mode,
+    p.add_argument("--attention", choices=["sparse", "dense"], default=None,
                    help="block-sparse (sinks + window + top-K blocks) or exact dense attention (default sparse)")
-    p.add_argument("--sinks", type=_nonneg_int, default=d.sinks, help=f"sink tokens, rounded up to whole blocks (default {d.sinks})")
-    p.add_argument("--window", type=_positive_int, default=d.window, help=f"recent tokens always read (default {d.window})")
-    p.add_argument("--topk", type=_nonneg_int, default=d.topk, help=f"remote blocks read, by score bound (default {d.topk})")
-    p.add_argument("--widen", type=_nonneg_int, default=d.widen, help=f"most extra blocks dynamic widening may add (default {d.widen})")
-    p.add_argument("--margin", type=float, default=d.margin,
+    p.add_argument("--sinks", type=_nonneg_int, default=None, help=f"sink tokens, rounded up to whole blocks (default {d.sinks})")
+    p.add_argument("--window", type=_positive_int, default=None, help=f"recent tokens always read (default {d.window})")
+    p.add_argument("--topk", type=_nonneg_int, default=None,
+                   help=f"remote blocks read, by score bound (default: the artifact's planned read budget, else {d.topk})")
+    p.add_argument("--widen", type=_nonneg_int, default=None, help=f"most extra blocks dynamic widening may add (default {d.widen})")
+    p.add_argument("--margin", type=float, default=None,
                    help=f"widen while the best unread bound is within this many nats of the best score read (default {d.margin:g})")
 
 
-def attention_option(a: argparse.Namespace):
-    from .kv.attention import AttentionConfig
-
-    return AttentionConfig(a.attention, a.sinks, a.window, a.topk, a.widen, a.margin)
+ATTENTION_FLAGS = (("mode", "attention"), ("sinks", "sinks"), ("window", "window"), ("topk", "topk"), ("widen", "widen"),
+                   ("margin", "margin"))
 
 
-def attention_argv(cfg) -> list[str]:
-    """The command-line options that recreate an AttentionConfig (for worker processes)."""
-    return ["--attention", cfg.mode, "--sinks", str(cfg.sinks), "--window", str(cfg.window), "--topk", str(cfg.topk),
-            "--widen", str(cfg.widen), "--margin", repr(cfg.margin)]
+def attention_overrides(a: argparse.Namespace) -> tuple[tuple[str, object], ...]:
+    """The AttentionConfig fields the command line set ((field, value) pairs; the rest: the artifact's)."""
+    return tuple((f, getattr(a, opt)) for f, opt in ATTENTION_FLAGS if getattr(a, opt, None) is not None)
+
+
+def attention_option(a: argparse.Namespace, artifact) -> object:
+    """The AttentionConfig to run `artifact` with: its planned one, with the command line's fields over it;
+    None when the command line sets none (the engine then takes the artifact's)."""
+    from .runtime.artifact import Artifact
+
+    over = attention_overrides(a)
+    if not over:
+        return None
+    return Artifact.open(artifact, verify=False, check_cpu=False).attention().with_overrides(over)
+
+
+def attention_argv(over) -> list[str]:
+    """The command-line options that recreate attention overrides (for worker processes)."""
+    flag = dict(ATTENTION_FLAGS)
+    return [x for f, v in over for x in (f"--{flag[f]}", repr(v) if isinstance(v, float) else str(v))]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -57,3 +57,19 @@ def test_bytes_per_token_of_a_sparse_step():
     assert keys == 23 * 64 + 8032 - (8032 - 512) // 64 * 64 and cand == (8032 - 512) // 64 - 1
     assert sparse == int(10**8 + PLAN.bytes_per_token() * -(-keys // 64) * 64 + 256 * 90 * cand)
     assert sparse - 10**8 < 0.1 * (dense_f16 - 10**8)  # under a tenth of llama.cpp's KV traffic at 8K
+
+
+def test_command_line_fields_override_the_artifacts_planned_reads(artifact):
+    """`--topk` etc. replace only the fields given; with none, the engine runs the manifest's planned reads."""
+    import argparse
+
+    from ellm.cli import add_attention_args, attention_argv, attention_option, attention_overrides
+    from ellm.runtime.artifact import Artifact
+
+    p = argparse.ArgumentParser()
+    add_attention_args(p)
+    assert attention_option(p.parse_args([]), artifact) is None
+    planned = Artifact.open(artifact).attention()
+    a = p.parse_args(["--topk", "5", "--margin", "0.5"])
+    assert attention_option(a, artifact) == AttentionConfig.from_dict({**planned.to_dict(), "topk": 5, "margin": 0.5})
+    assert attention_overrides(p.parse_args(attention_argv(attention_overrides(a)))) == attention_overrides(a)

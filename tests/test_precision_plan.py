@@ -180,7 +180,11 @@ def test_auto_precision_compiles_checks_and_reuses(tmp_path, monkeypatch):
     a = p["analysis"]
     assert p["origin"].startswith("auto") and p["weights"] and a["plan_bytes"] <= a["budget_bytes"]
     assert abs(a["budget_bytes"] - 0.7 * a["source_bytes"]) <= 1
-    assert 0.25 <= a["measured_kl"] / a["predicted_kl"] <= 4, a
+    # weights: additive to the order of magnitude. KV and reads are not checked here: a random model attends
+    # almost uniformly, so which blocks a bound selects (on rotated, quantised keys) is near-arbitrary and its
+    # cost swings; SmolLM2's 85% plan: predicted 0.0099, measured 0.0096 (reads top-12, all KV q4)
+    assert 0.25 <= a["measured_kl_weights"] / a["predicted_kl_weights"] <= 4, a
+    assert 0 <= a["measured_kl_kv"] < 1e-3 and a["predicted_kl"] > a["predicted_kl_weights"]
     # the manifest's plan is the plan that was costed: its bytes add up to the planner's
     from ellm.compiler.import_llama import import_llama
     from ellm.kv.attention import AttentionConfig
@@ -194,8 +198,12 @@ def test_auto_precision_compiles_checks_and_reuses(tmp_path, monkeypatch):
 
     kv = Artifact.open(art).kv_plan  # as compiled: the planned types, the default (protected) store
     assert kv.k == plan.kv_k and kv.v == plan.kv_v and kv.pinned == 1
-    assert plan.weight_bytes(infos) + kv.read_bytes(8192, AttentionConfig()) + fixed_bytes(cfg, infos) == a["plan_bytes"]
+    # the read budget was planned too: the artifact reads its top-K by default, and the bytes count it
+    reads = Artifact.open(art).attention()
+    assert plan.topk is not None and reads == AttentionConfig(topk=plan.topk)
+    assert plan.weight_bytes(infos) + kv.read_bytes(8192, reads) + fixed_bytes(cfg, infos) == a["plan_bytes"]
     eng = ellm.load(art, threads=2)
+    assert eng.attention == reads and ellm.load(art, threads=2, attention=AttentionConfig(topk=3)).attention.topk == 3
     assert np.isfinite(eng.logits([1, 2, 3])).all()
     logs.clear()
     compile_model(path, tmp_path / "b", options, log=logs.append)

@@ -136,6 +136,9 @@ def test_analysis_of_a_tiny_model_is_cached(tmp_path, monkeypatch):
     assert {("k_cache", "q8"), ("k_cache", "q4"), ("v_cache", "q4"), ("activations", "int8"), ("head", "Q4_1")} <= kinds
     for m in table.measurements:
         assert m.kl >= 0 and 0 <= m.top1 <= 1
+    # read budgets: at 256 tokens every query's window covers the context, so top-K reads are dense reads
+    reads = {m.type: m.kl for m in table.measurements if m.kind == "reads"}
+    assert set(reads) == {"top22", "top16", "top12", "top8"} and max(reads.values()) < 1e-9
     # lower precision hurts more, on average over the layers
     kl = lambda kind, t: sum(m.kl for m in table.measurements if (m.kind, m.type) == (kind, t))  # noqa: E731
     assert kl("k_cache", "q4") > kl("k_cache", "q8") and kl("down", "Q4_0") > kl("down", "Q6_K")

@@ -62,7 +62,7 @@ class BenchConfig:
     threads: int = os.cpu_count() or 1
     llama: tuple[LlamaConfig, ...] = ()  # llama.cpp configurations to compare against (none: eLLM alone)
     target: str | None = None  # eLLM: this target of the artifact (default: the best this CPU runs)
-    attention: AttentionConfig = AttentionConfig()
+    attention: tuple = ()  # (field, value) overrides of each artifact's planned AttentionConfig
     rope_scaling: tuple[str, float] | None = None  # (kind, factor), for contexts past the trained one
     others: tuple[Path, ...] = ()  # more eLLM artifacts of the same model (a tuned build, say), alternated too
 
@@ -93,6 +93,11 @@ def _worker(system: str, cfg: BenchConfig, ctx: int, llama: LlamaConfig | None =
     if proc.returncode != 0:
         raise EllmError(f"{system} benchmark at context {ctx} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
     return json.loads(proc.stdout)
+
+
+def _attention(manifest: dict, cfg: BenchConfig) -> AttentionConfig:
+    """What an artifact's eLLM run reads: its planned attention with the bench's overrides."""
+    return AttentionConfig.from_dict(manifest.get("attention", {})).with_overrides(cfg.attention)
 
 
 def decode_bytes_per_token(manifest: dict, ctx: int, gen: int, attention: AttentionConfig | None = None,
@@ -156,7 +161,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> 
     systems: list[tuple[str, LlamaConfig | None]] = [(n, None) for n in artifacts] + [(c.name, c) for c in cfg.llama]
     rows = []
     for ctx in cfg.ctxs:
-        nbytes_of = {name: decode_bytes_per_token(manifests[name], ctx, cfg.gen, cfg.attention) if c is None else
+        nbytes_of = {name: decode_bytes_per_token(manifests[name], ctx, cfg.gen, _attention(manifests[name], cfg)) if c is None else
                      decode_bytes_per_token(manifest, ctx, cfg.gen, kv_bytes_per_value=2.0 if c.kv_type == "f16" else 34 / 32)
                      for name, c in systems}
         runs: dict[str, list[dict]] = {name: [] for name, _ in systems}
@@ -186,7 +191,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> 
         "rounds": cfg.rounds,
         "kv_cache": KVPlan.from_dict(manifest["kv_cache"]).describe(),
         "kv_plan": {"k": manifest["kv_cache"]["k"], "v": manifest["kv_cache"]["v"], "block": manifest["kv_cache"]["block"]},
-        "attention": cfg.attention.describe(),
+        "attention": _attention(manifest, cfg).describe(),
         "rope_scaling": list(cfg.rope_scaling) if cfg.rope_scaling else None,
         "llama_cpp": [c.name for c in cfg.llama],
         "compared_artifacts": {artifact_system(p): str(p) for p in cfg.others},

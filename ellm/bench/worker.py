@@ -38,7 +38,7 @@ def run_ellm(a) -> dict:
     from ellm.cli import attention_option, rope_scaling_option
 
     eng = ellm.load(a.artifact, threads=a.threads, ctx_size=a.ctx + a.gen + a.warmup + 16, target=a.target,
-                    rope_scaling=rope_scaling_option(a), attention=attention_option(a))
+                    rope_scaling=rope_scaling_option(a), attention=attention_option(a, a.artifact))
     ids = real_tokens(eng.tokenizer.encode, a.ctx)
     eng.prefill(ids[: min(256, a.ctx)])  # warm-up: page in weights and code
     eng.reset()

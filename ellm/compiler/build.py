@@ -12,6 +12,7 @@ from .. import __version__
 from ..config import ModelConfig
 from ..errors import EllmError
 from ..fsutil import atomic_directory
+from ..kv.attention import AttentionConfig
 from ..kv.plan import parse_kv_type
 from ..models import resolve_model
 from ..precision import Budget
@@ -109,6 +110,11 @@ def _shared_params(builds: list[TargetBuild]) -> tuple[list[ParamSpec], list[lis
     return union, per_target
 
 
+def _planned_attention(plan) -> AttentionConfig:
+    """The artifact's default reads: the plan's top-K where it chose one."""
+    return AttentionConfig() if plan is None or plan.topk is None else AttentionConfig(topk=plan.topk)
+
+
 def compile_model(
     model: str | Path | None,
     out_dir: str | Path,
@@ -176,6 +182,7 @@ def compile_model(
             "targets": [b.manifest_entry(options.for_targets(), ids) for b, ids in zip(builds, per_target)],
             "kv_cache": builds[0].kv_plan.to_dict(),
             "precision": (plan.to_dict() if plan is not None else {"origin": "source", "weights": {}}),
+            "attention": _planned_attention(plan).to_dict(),  # the read budget it was planned for
             "prefetch": options.prefetch,
             "entries": [{"name": e.name, "tokens": e.m, "logits": "last" if e.last_only else "all"} for e in ENTRIES],
             "max_chunk": options.max_chunk,

@@ -68,7 +68,7 @@ def _engines(a: argparse.Namespace, ctx: int):
 
     path = Path(a.artifact) if a.artifact else cached_artifact(log=_log)
     rope = rope_scaling_option(a)
-    eng = Engine.load(path, threads=a.threads, ctx_size=ctx, rope_scaling=rope, attention=attention_option(a))
+    eng = Engine.load(path, threads=a.threads, ctx_size=ctx, rope_scaling=rope, attention=attention_option(a, path))
     ref = None
     if a.against:
         ref_path = reference_artifact(path, a.model, log=_log)

@@ -55,6 +55,22 @@ class AttentionConfig:
         """Whether that query reads block 0 (always, unless top-K selection could pass it over)."""
         return self.mode == "dense" or self.sinks > 0 or self.blocks_read(n_ctx, block, recent)[1] == 0
 
+    def to_dict(self) -> dict:
+        return {"mode": self.mode, "sinks": self.sinks, "window": self.window, "topk": self.topk, "widen": self.widen,
+                "margin": self.margin}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> AttentionConfig:
+        """A manifest's entry; fields it lacks keep their defaults."""
+        known = cls().to_dict()
+        return cls(**{k: type(known[k])(v) for k, v in d.items() if k in known})
+
+    def with_overrides(self, over) -> AttentionConfig:
+        """This config with (field, value) pairs replaced (validated again)."""
+        from dataclasses import replace
+
+        return replace(self, **dict(over))
+
     def describe(self) -> str:
         if self.mode == "dense":
             return "attention dense"

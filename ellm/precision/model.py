@@ -26,6 +26,9 @@ from ..runtime.rope import rope_table
 F32 = np.float32
 # (positions of the keys, queries' first position, keys [P, Hkv, hd]) -> the keys the queries read; None: as given
 KVRead = Callable[[np.ndarray, int], np.ndarray]
+# (scaled queries [Hkv, G, c, hd], keys as read [n, Hkv, hd], scores [Hkv, G, c, n], first position) -> additive
+# mask [Hkv, 1, c, n] of the keys each query reads (precision/sparse_read.py); None: every key
+KeySelect = Callable[[np.ndarray, np.ndarray, np.ndarray, int], np.ndarray]
 
 
 @functools.lru_cache(maxsize=8)
@@ -83,12 +86,13 @@ def available_memory() -> int:
 @dataclass
 class LayerEdit:
     """What one re-run changes in the layer it starts at: weights (GGUF name -> float values), how the
-    layer's attention reads K and V, and the bits of its matmul inputs."""
+    layer's attention reads K and V, which keys it reads, and the bits of its matmul inputs."""
 
     weights: dict[str, np.ndarray] | None = None
     read_k: KVRead | None = None
     read_v: KVRead | None = None
     act_bits: int | None = None
+    select: KeySelect | None = None
 
 
 class FloatModel:
@@ -180,6 +184,8 @@ class FloatModel:
             qh = qs.reshape(c, Hkv, g, hd).transpose(1, 2, 0, 3).reshape(Hkv, g * c, hd)  # [Hkv, g*c, hd]
             sc = np.matmul(qh, Kr.transpose(1, 2, 0)) * scale  # [Hkv, g*c, n]
             sc = sc.reshape(Hkv, g, c, n)
+            if edit.select:
+                sc += edit.select(qh.reshape(Hkv, g, c, hd) * scale, Kr, sc, first)
             sc[..., first:] += _causal(c)  # the chunk's own keys: none from its future
             sc -= sc.max(axis=-1, keepdims=True)
             np.exp(sc, out=sc)

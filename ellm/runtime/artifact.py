@@ -16,6 +16,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ArtifactError
+from ..kv.attention import AttentionConfig
 from ..fsutil import sha256_file
 from ..targets import MASK_ENV, cpu_mask, host_flags, missing_features
 from .tokenizer import Tokenizer, TokenizerInfo
@@ -46,6 +47,10 @@ class Artifact:
         self.target = target or self.targets[0]  # the target whose kernels run
 
     # --- opening and verification ------------------------------------------------------------
+    def attention(self) -> AttentionConfig:
+        """The read budget the artifact was planned for (its manifest's; older artifacts: the default)."""
+        return AttentionConfig.from_dict(self.manifest.get("attention", {}))
+
     @classmethod
     def open(cls, path: str | Path, verify: bool = True, check_cpu: bool = True, target: str | None = None) -> Artifact:
         """`target`: run this one of the artifact's targets (default: the best this CPU can run)."""

@@ -119,7 +119,7 @@ class Engine:
         else:
             self._kv_tensors = [tvm.runtime.empty(shape, dtype, tvm.cpu()) for shape, dtype in shapes]
         self._kv = tvm.runtime.convert(self._kv_tensors)
-        self.attention = attention or AttentionConfig()
+        self.attention = attention or artifact.attention()
         self._attn = tvm.runtime.tensor(self.attention.as_array())
         self._attn_dense = tvm.runtime.tensor(AttentionConfig.dense().as_array())
         # the input of one-token steps, reused: after a step has streamed every weight through the caches, even
