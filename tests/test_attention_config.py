@@ -20,8 +20,18 @@ def test_validation_and_array():
         AttentionConfig(mode="fast")
     with pytest.raises(EllmError, match="window"):
         AttentionConfig(window=0)
-    np.testing.assert_array_equal(AttentionConfig.dense().as_array()[2], -1)
-    assert AttentionConfig(topk=7).as_array().tolist() == [4, 512, 7, 8, 0]
+    np.testing.assert_array_equal(AttentionConfig.dense().as_array(2)[:, 2], -1)
+    assert AttentionConfig(topk=7).as_array(1).tolist() == [[4, 512, 7, 8, 0]]
+    per_layer = AttentionConfig(layer_topk=(3, 22, 0))
+    assert per_layer.as_array(3)[:, 2].tolist() == [3, 22, 0] and per_layer.for_layer(1) == AttentionConfig()
+    with pytest.raises(EllmError, match="3 layers"):
+        per_layer.as_array(4)
+    assert AttentionConfig.from_dict(per_layer.to_dict()) == per_layer
+    assert per_layer.with_overrides((("topk", 5),)) == AttentionConfig(topk=5)  # --topk: every layer
+    # bytes: a layer's blocks at its own top-K
+    two = KVPlan.auto(2, 3, 64, 256)
+    assert two.read_bytes(8192, AttentionConfig(layer_topk=(4, 22))) == (
+        two.read_bytes(8192, AttentionConfig(topk=4), layer=0) + two.read_bytes(8192, AttentionConfig(), layer=1))
 
 
 @pytest.mark.parametrize("cfg", [AttentionConfig(), AttentionConfig(sinks=0, window=100, topk=3),

@@ -18,7 +18,6 @@ from ellm.kv.attention import AttentionConfig
 from ellm.schedules.attention import default_int_bits
 from ellm.targets import IsaClass
 
-DENSE = AttentionConfig.dense().as_array()
 
 
 def _order_tol() -> float:
@@ -168,7 +167,7 @@ def test_append_age_and_attend(kt, vt, preset, protected):
         f_app(*args, tvm.runtime.tensor(kk), tvm.runtime.tensor(vv), pos, layer, kslot, vslot)
         q = rng.standard_normal((n, H * hd)).astype(np.float32)
         out = tvm.runtime.tensor(np.zeros((n, H * hd), np.float32))
-        (f_dec if n == 1 else f_pre)(tvm.runtime.tensor(q), *args, tvm.runtime.tensor(DENSE), pos, layer, kslot, vslot, out)
+        (f_dec if n == 1 else f_pre)(tvm.runtime.tensor(q), *args, tvm.runtime.tensor(AttentionConfig.dense().as_array(plan.n_layers)), pos, layer, kslot, vslot, out)
         k_ref, q_ref = rotated_keys(plan, layer, k_all), rotated_keys(plan, layer, q.reshape(n, H, hd)).reshape(n, -1)
         for i in range(n):
             worst = max(worst, excess(out.numpy()[i], attend_ref(plan, layer, k_ref, v_all, q_ref[i], pos + i, H,
@@ -240,7 +239,7 @@ class FilledCache:
         bits = full.get("int_bits", 0)  # no integer path on this class: float scores and values
         ref = self.ref(bits * full.get("int_scores", 0), bits * full.get("int_values", 0))
         out = tvm.runtime.tensor(np.zeros((1, self.q.shape[1]), np.float32))
-        build(f, self.preset)["attention"](tvm.runtime.tensor(self.q), *self.args, tvm.runtime.tensor(DENSE),
+        build(f, self.preset)["attention"](tvm.runtime.tensor(self.q), *self.args, tvm.runtime.tensor(AttentionConfig.dense().as_array(1)),
                                            self.ctx - 1, 0, 0, 0, out)
         return excess(out.numpy()[0], ref)
 
@@ -271,28 +270,32 @@ def _append(f_app, args, k, v, pos, n, layer, slots):
     f_app(*args, tvm.runtime.tensor(kk), tvm.runtime.tensor(vv), pos, layer, *slots)
 
 
-@pytest.mark.parametrize("kt,vt", [(F16, F16), (Q8, Q8), (Q4, Q8)])
-def test_sparse_attention_reads_sinks_window_and_top_k(kt, vt):
-    """Without widening, decode and prefill read exactly sinks + window + the top-K blocks by bound."""
+@pytest.mark.parametrize("kt,vt,n_layers", [(F16, F16, 1), (Q8, Q8, 1), (Q4, Q8, 1), (Q4, Q8, 2)])
+def test_sparse_attention_reads_sinks_window_and_top_k(kt, vt, n_layers):
+    """Without widening, decode and prefill read exactly sinks + window + the top-K blocks by bound; with a
+    top-K per layer, the layer's own (here layer 1 reads top-3, layer 0 none)."""
     import tvm
 
-    plan = KVPlan.uniform(1, 3, 64, kt, vt, max_chunk=100)
+    plan = KVPlan.uniform(n_layers, 3, 64, kt, vt, max_chunk=100)
+    layer = n_layers - 1
     ctx, sinks, window, topk = 1400, 4, 200, 3
-    H, k, v, state, args, slots, f_app, f_pre, f_dec, rng = _filled(plan, 0, ctx, 3)
-    cfg = tvm.runtime.tensor(AttentionConfig(sinks=sinks, window=window, topk=topk, widen=0).as_array())
+    H, k, v, state, args, slots, f_app, f_pre, f_dec, rng = _filled(plan, layer, ctx, 3)
+    per_layer = (0,) * layer + (topk,) if n_layers > 1 else ()
+    att = AttentionConfig(sinks=sinks, window=window, topk=topk if not per_layer else 50, widen=0, layer_topk=per_layer)
+    cfg = tvm.runtime.tensor(att.as_array(n_layers))
     worst = 0.0
     for pos in range(0, ctx, 100):
         n = min(100, ctx - pos)
-        _append(f_app, args, k, v, pos, n, 0, slots)
+        _append(f_app, args, k, v, pos, n, layer, slots)
         q = rng.standard_normal((n, H * 64)).astype(np.float32)
         out = tvm.runtime.tensor(np.zeros((n, H * 64), np.float32))
-        f_pre(tvm.runtime.tensor(q), *args, cfg, pos, 0, *slots, out)
+        f_pre(tvm.runtime.tensor(q), *args, cfg, pos, layer, *slots, out)
         for i in range(0, n, 7):
-            worst = max(worst, excess(out.numpy()[i], sparse_ref(plan, 0, k, v, q[i], pos + i, H, sinks, window, topk, int_bits())))
+            worst = max(worst, excess(out.numpy()[i], sparse_ref(plan, layer, k, v, q[i], pos + i, H, sinks, window, topk, int_bits())))
     q = rng.standard_normal((1, H * 64)).astype(np.float32)
     out = tvm.runtime.tensor(np.zeros((1, H * 64), np.float32))
-    f_dec(tvm.runtime.tensor(q), *args, cfg, ctx - 1, 0, *slots, out)
-    worst = max(worst, excess(out.numpy()[0], sparse_ref(plan, 0, k, v, q[0], ctx - 1, H, sinks, window, topk, int_bits())))
+    f_dec(tvm.runtime.tensor(q), *args, cfg, ctx - 1, layer, *slots, out)
+    worst = max(worst, excess(out.numpy()[0], sparse_ref(plan, layer, k, v, q[0], ctx - 1, H, sinks, window, topk, int_bits())))
     assert worst < 2e-4, worst
 
 
@@ -308,7 +311,7 @@ def test_widening_reads_the_next_blocks_by_bound(margin):
     for pos in range(0, ctx, 100):
         _append(f_app, args, k, v, pos, 100, 0, slots)
     cfg = AttentionConfig(window=200, topk=3, widen=4, margin=margin)
-    arr = tvm.runtime.tensor(cfg.as_array())
+    arr = tvm.runtime.tensor(cfg.as_array(plan.n_layers))
     q = rng.standard_normal((4, H * 64)).astype(np.float32)
     out = tvm.runtime.tensor(np.zeros((4, H * 64), np.float32))
     f_pre(tvm.runtime.tensor(q), *args, arr, ctx - 4, 0, *slots, out)
@@ -330,8 +333,8 @@ def test_widening_to_everything_equals_dense(kt, vt):
     H, k, v, state, args, slots, f_app, f_pre, f_dec, rng = _filled(plan, 0, ctx, 4)
     for pos in range(0, ctx, 100):
         _append(f_app, args, k, v, pos, 100, 0, slots)
-    wide = tvm.runtime.tensor(AttentionConfig(window=128, topk=2, widen=100, margin=1e30).as_array())
-    dense = tvm.runtime.tensor(DENSE)
+    wide = tvm.runtime.tensor(AttentionConfig(window=128, topk=2, widen=100, margin=1e30).as_array(plan.n_layers))
+    dense = tvm.runtime.tensor(AttentionConfig.dense().as_array(plan.n_layers))
     q = rng.standard_normal((5, H * 64)).astype(np.float32)
     for f, n in ((f_dec, 1), (f_pre, 5)):
         a, b = (tvm.runtime.tensor(np.zeros((n, H * 64), np.float32)) for _ in range(2))
@@ -351,7 +354,7 @@ def test_prefill_equals_decode_token_by_token():
         _append(f_app, args, k, v, pos, 100, 0, slots)
     pos = ctx - 100
     _append(f_app, args, k, v, pos, 100, 0, slots)
-    cfg = tvm.runtime.tensor(AttentionConfig(window=256, topk=4, widen=4, margin=2.0).as_array())
+    cfg = tvm.runtime.tensor(AttentionConfig(window=256, topk=4, widen=4, margin=2.0).as_array(plan.n_layers))
     q = rng.standard_normal((100, H * 64)).astype(np.float32)
     out = tvm.runtime.tensor(np.zeros((100, H * 64), np.float32))
     f_pre(tvm.runtime.tensor(q), *args, cfg, pos, 0, *slots, out)

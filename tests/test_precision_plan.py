@@ -198,9 +198,10 @@ def test_auto_precision_compiles_checks_and_reuses(tmp_path, monkeypatch):
 
     kv = Artifact.open(art).kv_plan  # as compiled: the planned types, the default (protected) store
     assert kv.k == plan.kv_k and kv.v == plan.kv_v and kv.pinned == 1
-    # the read budget was planned too: the artifact reads its top-K by default, and the bytes count it
+    # the read budget was planned too: the artifact reads its per-layer top-K by default, and the bytes count it
     reads = Artifact.open(art).attention()
-    assert plan.topk is not None and reads == AttentionConfig(topk=plan.topk)
+    assert plan.reads is not None and len(plan.reads) == cfg.n_layers
+    assert [reads.for_layer(i).topk for i in range(cfg.n_layers)] == list(plan.reads)
     assert plan.weight_bytes(infos) + kv.read_bytes(8192, reads) + fixed_bytes(cfg, infos) == a["plan_bytes"]
     eng = ellm.load(art, threads=2)
     assert eng.attention == reads and ellm.load(art, threads=2, attention=AttentionConfig(topk=3)).attention.topk == 3

@@ -66,7 +66,7 @@ def inputs(func, req: KernelRequest, wl: Workload, rng) -> list:
             shape = [int(d) if isinstance(d, (int, tvm.tirx.IntImm)) else sizes[str(d.name)] for d in p.shape]
             dtype = str(p.dtype)
             if str(p.name) == "attn":  # the run-time attention settings: the defaults, as a run has them
-                arr = AttentionConfig().as_array()
+                arr = AttentionConfig().as_array(shape[0])
             elif dtype.startswith("float"):
                 arr = (rng.standard_normal(shape) * 0.1).astype(dtype)
             elif dtype == "int32":  # token ids

@@ -112,7 +112,8 @@ def _shared_params(builds: list[TargetBuild]) -> tuple[list[ParamSpec], list[lis
 
 def _planned_attention(plan) -> AttentionConfig:
     """The artifact's default reads: the plan's top-K where it chose one."""
-    return AttentionConfig() if plan is None or plan.topk is None else AttentionConfig(topk=plan.topk)
+    d = AttentionConfig()
+    return d if plan is None or plan.reads is None or set(plan.reads) == {d.topk} else AttentionConfig(layer_topk=plan.reads)
 
 
 def compile_model(

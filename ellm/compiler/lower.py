@@ -161,7 +161,8 @@ class _Lowering:
         rope = relax.Var("rope", relax.TensorType([C, self._rope_dim()], "float32"))  # [ctx, cos | sin]
         self.kv_types = kv_state_types(self.plan, tirx.Var("NB", "int64"))
         kv = relax.Var("kv", relax.TupleType(self.kv_types))  # the KV state, written in place
-        self.attn = relax.Var("attn", relax.TensorType([5], "float32"))  # kv/attention.py AttentionConfig
+        # kv/attention.py AttentionConfig.as_array: [n_layers, 5]
+        self.attn = relax.Var("attn", relax.TensorType([self.plan.n_layers, 5], "float32"))
         params = relax.Var(
             "params", relax.TupleType([relax.TensorType(list(p.shape), p.dtype) for p in self.params])
         )

@@ -232,12 +232,13 @@ class KVPlan:
         candidate blocks it bounds, at the types of `layer`, or summed over every layer (`kinds`: K, V or both)."""
         import numpy as np
 
-        keys, candidates = attention.blocks_read(ctx, self.block, self.recent)
-        blocks = -(-keys // self.block)
-        pinned = min(self.pinned, blocks, self.n_blocks(ctx)) if attention.reads_first(ctx, self.block, self.recent) else 0
         ring = KVType.F32 if self.ring_dtype == "float32" else KVType.F16
         total = 0
         for i in range(self.n_layers) if layer is None else (layer,):
+            a = attention.for_layer(i)  # a per-layer read budget
+            keys, candidates = a.blocks_read(ctx, self.block, self.recent)
+            blocks = -(-keys // self.block)
+            pinned = min(self.pinned, blocks, self.n_blocks(ctx)) if a.reads_first(ctx, self.block, self.recent) else 0
             for kind in kinds:
                 for t, n, stored in ((getattr(self, kind)[i], blocks - pinned, True), (ring, pinned, False)):
                     for st in self.store_tensors(kind, t):  # [slots, heads, NB, ...]

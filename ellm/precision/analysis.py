@@ -5,9 +5,9 @@ Parts: every weight (Q, K, V, O, gate, up, down, the output head) at each type `
 head split into row sets (the likeliest tokens' rows at the source type, the rest at each lower candidate, for
 several hot-set sizes; likeliness is the reference's mean next-token probability over all calibration tokens);
 each layer's K cache and V cache at q8 and q4, measured at long context (`kv_ctx` tokens, scoring the last
-`kv_scored`) through the block store's numerics; the sparse read budget: every layer reading only the top-K
-blocks by score bound, for each K in `READ_TOPK` (the default's included: all of these are against dense
-attention), at the same long context from the float16 cache; each layer's matmul inputs rounded to int8 (what 8-bit
+`kv_scored`) through the block store's numerics; each layer's sparse reads: the layer alone reading only the
+top-K remote blocks by score bound (precision/sparse_read.py), for each K in `READ_TOPK`, at the same long
+context from the float16 cache (against dense reads, as every part is against the unmodified model); each layer's matmul inputs rounded to int8 (what 8-bit
 activations cost). Weight and activation parts are scored on `tokens` calibration tokens in sequences of
 `seq`. Everything runs on the float model (precision/model.py), re-run from the layer the part is in.
 """
@@ -38,10 +38,9 @@ from .model import FloatModel, LayerEdit, lowered_values
 from .plan import WeightInfo
 from .sparse_read import SparseSelect
 
-VERSION = 3  # of the measurement method: a cached table from another version is measured again
+VERSION = 4  # of the measurement method: a cached table from another version is measured again
 KV_CANDIDATES = (KVType.Q8, KVType.Q4)
-READ_TOPK = (AttentionConfig().topk, 16, 12, 8)  # remote blocks read per query: the default and fewer
-READS = "attention.reads"  # the read-budget part's name
+READ_TOPK = (12, 4)  # remote blocks a query reads, below the default's (AttentionConfig().topk)
 HOT_FRACTIONS = (1 / 32, 1 / 16, 1 / 8, 3 / 16, 1 / 4, 3 / 8, 1 / 2)  # of the vocabulary: split heads measured
 
 
@@ -65,7 +64,7 @@ class AnalysisSettings:
     seq: int = 512  # ... in sequences of this length
     stride: int = 2  # ... scoring every stride-th position (the head and the KL are half of a measurement's work)
     kv_ctx: int = 4096  # K and V parts: the context
-    kv_scored: int = 256  # ... of which the last positions are scored
+    kv_scored: int = 192  # ... of which the last positions are scored (three blocks of queries)
     block: int = 64  # the KV cache's block and recent tier, pinned blocks and key rotation (kv/plan.py)
     recent: int = 2
     pinned: int = 1
@@ -80,7 +79,7 @@ class AnalysisSettings:
 
 @dataclass(frozen=True)
 class Measurement:
-    part: str  # a weight's GGUF name, "blk.N.k_cache", "blk.N.v_cache", "blk.N.activations" or READS
+    part: str  # a weight's GGUF name, "blk.N.k_cache", "blk.N.v_cache", "blk.N.activations" or "blk.N.reads"
     kind: str  # q, k, v, o, gate, up, down, head, head_split, k_cache, v_cache, activations, reads
     layer: int | None
     type: str  # QuantType name, KVType value, "int8", split_type(cold, hot rows), or reads_type(topk)
@@ -248,14 +247,14 @@ def analyse(gf: GGUFFile, cfg: ModelConfig, tokenizer, infos: list[WeightInfo], 
         return Measurement(f"blk.{layer}.{side}_cache", f"{side}_cache", layer, t.value, float(kv_ref.kl(z).mean()),
                            kv_ref.top1_agree(z))
 
-    def reads_task(topk: int) -> Measurement:
-        select = SparseSelect(AttentionConfig(topk=topk), s.block, s.recent)
-        edits = {layer: LayerEdit(select=select) for layer in range(cfg.n_layers)}
-        z = model.logits(model.rerun(0, xs[0], P, edits, past, chunk=s.block))
-        return Measurement(READS, "reads", None, reads_type(topk), float(kv_ref.kl(z).mean()), kv_ref.top1_agree(z))
+    def reads_task(layer: int, topk: int) -> Measurement:
+        edit = LayerEdit(select=SparseSelect(AttentionConfig(topk=topk), s.block, s.recent))
+        z = model.logits(model.rerun(layer, xs[layer], P, {layer: edit}, past, chunk=s.block))
+        return Measurement(f"blk.{layer}.reads", "reads", layer, reads_type(topk), float(kv_ref.kl(z).mean()),
+                           kv_ref.top1_agree(z))
 
     tasks = [partial(kv_task, layer, side, t) for layer in range(cfg.n_layers) for side in ("k", "v") for t in KV_CANDIDATES]
-    tasks += [partial(reads_task, k) for k in READ_TOPK]
+    tasks += [partial(reads_task, layer, k) for layer in range(cfg.n_layers) for k in READ_TOPK]
     out += _map(tasks, "KV cache and reads", t0, log)
     table.seconds = time.perf_counter() - t0
     return table

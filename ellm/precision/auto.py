@@ -11,10 +11,9 @@ import numpy as np
 
 from ..compiler.gguf_file import GGUFFile
 from ..config import ModelConfig
-from ..errors import EllmError
 from ..kv.attention import AttentionConfig
 from ..kv.plan import KVPlan, KVType
-from .analysis import READS, AnalysisSettings, SensitivityTable, load_or_analyse
+from .analysis import AnalysisSettings, SensitivityTable, load_or_analyse
 from .calibration import Calibration
 from .divergence import Reference
 from .kv_read import BlockReader
@@ -49,33 +48,17 @@ def auto_plan(gf: GGUFFile, cfg: ModelConfig, tokenizer, infos: list[WeightInfo]
     defaults, with the KV store of `kv`)."""
     settings = settings or AnalysisSettings(block=kv.block, recent=kv.recent, pinned=kv.pinned, rotate_k=kv.rotate_k)
     table = load_or_analyse(gf, cfg, tokenizer, infos, calibration, settings, log)
-    default = AttentionConfig()
+    attention = AttentionConfig()
+    ds = decisions(infos, table, cfg.n_layers, kv, budget.ctx, attention, *fixed_kv)
     fixed = fixed_bytes(cfg, infos)
-    source = source_step_bytes(decisions(infos, table, cfg.n_layers, kv, budget.ctx, default, *fixed_kv), cfg, kv,
-                               budget.ctx, default, fixed_kv) + fixed
+    source = source_step_bytes(ds, cfg, kv, budget.ctx, attention, fixed_kv) + fixed
     limit = budget.bytes(source)
-    # The read budget trades against precision: fewer remote blocks read leave bytes for the weights and the
-    # cache. One exact solve per measured top-K; the least predicted KL (the reads' own included) wins.
-    best, error = None, None
-    for topk, reads_kl in read_budgets(table, default):
-        ds = decisions(infos, table, cfg.n_layers, kv, budget.ctx, replace(default, topk=topk), *fixed_kv)
-        try:
-            picks = solve(ds, limit - fixed)
-        except EllmError as e:
-            error = error or e
-            continue
-        kl = sum(d.choices[i].kl for d, i in zip(ds, picks)) + (reads_kl or 0.0)
-        if best is None or kl < best[0]:
-            best = (kl, topk, reads_kl, ds, picks)
-    if best is None:
-        raise error
-    _, topk, reads_kl, ds, picks = best
+    picks = solve(ds, limit - fixed)
     chosen = plan_bytes(ds, picks) + fixed
     origin = f"auto: {limit / 1e6:.2f} MB per token at {budget.ctx} ({limit / source:.0%} of the source plan's)"
     plan = to_plan(ds, picks, cfg.n_layers, origin,
-                   ("candidates never exceed a tensor's source type: bytes are only ever saved, never spent raising",))
-    if reads_kl is not None:  # the reads' KL is against dense attention, and so is the check below
-        plan = replace(plan, predicted_kl=plan.predicted_kl + reads_kl, topk=topk)
+                   ("candidates never exceed a tensor's source type: bytes are only ever saved, never spent raising",),
+                   attention.topk)
     summary = {"model_sha256": table.model_sha256, "calibration": table.calibration,
                "calibration_sha256": table.calibration_sha256, "analysis_seconds": round(table.seconds, 1),
                "measurements": len(table.measurements), "budget_ctx": budget.ctx, "budget_bytes": limit,
@@ -85,18 +68,12 @@ def auto_plan(gf: GGUFFile, cfg: ModelConfig, tokenizer, infos: list[WeightInfo]
         measured = checked_plan(gf, cfg, tokenizer, plan, table, calibration, log)
         summary.update(measured)
         log(f"precision plan: predicted KL {plan.predicted_kl:.4f}, measured {measured['measured_kl']:.4f} "
-            f"(weights {measured['measured_kl_weights']:.4f}, KV{' and reads' if plan.topk is not None else ''} "
+            f"(weights {measured['measured_kl_weights']:.4f}, KV and reads "
             f"{measured['measured_kl_kv']:.4f}) nats per token")
-    log(f"precision plan: {chosen / 1e6:.2f} MB per token at {budget.ctx} reading top-{topk} blocks (budget "
-        f"{limit / 1e6:.2f}, source plan {source / 1e6:.2f})")
+    reads = "" if plan.reads is None else f", {AttentionConfig(layer_topk=plan.reads).describe()}"
+    log(f"precision plan: {chosen / 1e6:.2f} MB per token at {budget.ctx} (budget {limit / 1e6:.2f}, source plan "
+        f"{source / 1e6:.2f}){reads}")
     return replace(plan, summary=summary)
-
-
-def read_budgets(table: SensitivityTable, default: AttentionConfig) -> list[tuple[int, float | None]]:
-    """(top-K, its measured KL against dense attention) for each read budget the table measured; a table
-    without them offers the default alone (KL None: not part of the prediction)."""
-    out = [(int(m.type[3:]), m.kl) for m in table.measurements if m.part == READS]
-    return sorted(out, reverse=True) or [(default.topk, None)]
 
 
 def checked_plan(gf: GGUFFile, cfg: ModelConfig, tokenizer, plan: PrecisionPlan, table: SensitivityTable,
@@ -109,7 +86,7 @@ def checked_plan(gf: GGUFFile, cfg: ModelConfig, tokenizer, plan: PrecisionPlan,
     from ..fsutil import atomic_write_text
     from .analysis import cache_path
 
-    choices = json.dumps({k: plan.to_dict().get(k) for k in ("weights", "kv_k", "kv_v", "head_split", "topk")}, sort_keys=True)
+    choices = json.dumps({k: plan.to_dict().get(k) for k in ("weights", "kv_k", "kv_v", "head_split", "reads")}, sort_keys=True)
     table_path = cache_path(table.model_sha256, table.calibration_sha256, table.settings)
     path = table_path.with_name(f"{table_path.stem}-plan-{hashlib.sha256(choices.encode()).hexdigest()[:16]}.json")
     if path.is_file():
@@ -150,11 +127,15 @@ def measure_plan(gf: GGUFFile, cfg: ModelConfig, tokenizer, plan: PrecisionPlan,
         h = model.head_input(model.rerun(0, x0, 0, edits)[:: s.stride])
         kls.append(ref.kl(h @ (head if head is not None else model.w[model.head_name]).T))
     kl_w = float(np.concatenate(kls).mean())
-    reads = None if plan.topk is None else AttentionConfig(topk=plan.topk)  # with it: against dense attention
+    # a layer reading fewer blocks than the default is measured reading them (its parts were: against dense)
+    default = AttentionConfig().topk
+    reads = plan.reads or (default,) * cfg.n_layers
     kv_edits = {i: LayerEdit(read_k=BlockReader("k", kt, s.block, s.recent, s.pinned, s.rotate_k),
                              read_v=BlockReader("v", vt, s.block, s.recent, s.pinned),
-                             select=reads and SparseSelect(reads, s.block, s.recent, s.rotate_k and not kt.is_float))
-                for i, (kt, vt) in enumerate(zip(plan.kv_k, plan.kv_v)) if reads or not (kt.is_float and vt.is_float)}
+                             select=None if r >= default else SparseSelect(AttentionConfig(topk=r), s.block, s.recent,
+                                                                           s.rotate_k and not kt.is_float))
+                for i, (kt, vt, r) in enumerate(zip(plan.kv_k, plan.kv_v, reads))
+                if r < default or not (kt.is_float and vt.is_float)}
     kl_kv = 0.0
     if kv_edits:
         kv_ids = ids[s.tokens : s.tokens + s.kv_ctx]

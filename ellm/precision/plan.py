@@ -133,11 +133,11 @@ class PrecisionPlan:
     predicted_kl: float | None = None  # sum of the measured single-part KLs of its choices (auto plans)
     summary: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)  # analysis summary for the manifest
     head_split: HeadSplit | None = None  # the head's rows in two sets; None: one type for all
-    topk: int | None = None  # remote blocks a sparse query reads (kv/attention.py); None: the runtime's default
+    reads: tuple[int, ...] | None = None  # per layer, the remote blocks a sparse query reads; None: the default
 
     def __post_init__(self) -> None:
-        if self.topk is not None and self.topk < 0:
-            raise EllmError(f"precision plan: topk must be >= 0, got {self.topk}")
+        if self.reads is not None and (min(self.reads, default=0) < 0 or (self.kv_k is not None and len(self.reads) != len(self.kv_k))):
+            raise EllmError("precision plan: reads need one top-K >= 0 per layer")
         if (self.kv_k is None) != (self.kv_v is None) or (self.kv_k is not None and len(self.kv_k) != len(self.kv_v)):
             raise EllmError("precision plan: K and V cache types need one entry per layer each")
         if self.activations not in (None, "int16", "int8"):
@@ -189,8 +189,8 @@ class PrecisionPlan:
         if self.head_split is not None:
             d["head_split"] = {"cold": self.head_split.cold.name, "hot_rows": len(self.head_split.hot),
                                "hot": list(self.head_split.hot)}
-        if self.topk is not None:
-            d["topk"] = self.topk
+        if self.reads is not None:
+            d["reads"] = list(self.reads)
         if self.notes:
             d["notes"] = list(self.notes)
         if self.summary:
@@ -205,7 +205,7 @@ class PrecisionPlan:
         head = HeadSplit(tuple(int(i) for i in split["hot"]), QuantType[split["cold"]]) if split else None
         return cls(tuple((n, QuantType[t]) for n, t in d.get("weights", {}).items()), kv_k, kv_v, d.get("activations"),
                    d.get("origin", "source"), tuple(d.get("notes", ())), d.get("predicted_kl"), d.get("analysis", {}),
-                   head, d.get("topk"))
+                   head, tuple(int(k) for k in d["reads"]) if "reads" in d else None)
 
 
 @dataclass(frozen=True)

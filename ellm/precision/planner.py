@@ -3,21 +3,24 @@ whose decode step reads at most a budget of bytes at a stated context.
 
 Decisions: per layer the fused groups (Q+K+V, gate+up: one kernel reads one format) and the O and down
 weights, the output head (one type, or split into likely rows at the source type and the rest lower), and
-each layer's K cache and V cache. Each decision picks one choice (a type, its
+each layer's KV reads: its K cache type, V cache type and top-K read budget together (a layer's read bytes
+depend on all three: fewer blocks at a higher precision can cost fewer bytes and less KL than more blocks at
+a lower one). Each decision picks one choice (a type, its
 bytes, its predicted KL): a multiple-choice knapsack, solved exactly by dynamic programming over bytes in
 units of budget / `UNITS` with every cost rounded up, so the chosen plan never exceeds its budget.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..errors import EllmError
 from ..kv.attention import AttentionConfig
 from ..kv.plan import KVPlan, KVType
-from .analysis import SensitivityTable, hot_sizes, split_type
+from .analysis import READ_TOPK, SensitivityTable, hot_sizes, reads_type, split_type
 from .plan import GROUPS, HeadSplit, PrecisionPlan, WeightInfo
 
 UNITS = 20000
@@ -34,8 +37,8 @@ class Choice:
 
 @dataclass(frozen=True)
 class Decision:
-    name: str  # e.g. "blk.3.attn_q+k+v", "token_embd.weight", "blk.3.k_cache"
-    kind: str  # "weights" or "k" / "v"
+    name: str  # e.g. "blk.3.attn_q+k+v", "token_embd.weight", "blk.3.kv"
+    kind: str  # "weights" or "kv"
     layer: int | None
     parts: tuple[str, ...]  # weight names (or the cache part)
     choices: tuple[Choice, ...]  # the first is the source / unmodified
@@ -98,13 +101,27 @@ def decisions(infos: list[WeightInfo], table: SensitivityTable, n_layers: int, k
         name = m0.name if len(members) == 1 else f"blk.{m0.layer}.{'+'.join(m.part for m in members)}"
         out.append(Decision(name, "weights", m0.layer, tuple(m.name for m in members), tuple(choices)))
     for layer in range(n_layers):
+        sides = []
         for side, fixed in (("k", fixed_k), ("v", fixed_v)):
             part = f"blk.{layer}.{side}_cache"
-            kl = lambda t: 0.0 if t.is_float else table.kl(part, t.value)  # noqa: E731
             types = (fixed,) if fixed is not None else [t for t in KV_CHOICES if t.is_float or table.has(part, t.value)]
-            choices = tuple(Choice(t.value, kv.side_bytes(side, t, ctx, attention), kl(t)) for t in types)
-            out.append(Decision(part, side, layer, (part,), choices))
+            sides.append([(t, 0.0 if t.is_float else table.kl(part, t.value)) for t in types])
+        reads = f"blk.{layer}.reads"
+        budgets = [(attention.topk, 0.0)] + [(k, table.kl(reads, reads_type(k))) for k in READ_TOPK
+                                             if k < attention.topk and table.has(reads, reads_type(k))]
+        choices = []
+        for (kt, kl_k), (vt, kl_v), (topk, kl_r) in itertools.product(*sides, budgets):
+            a = replace(attention, topk=topk)
+            nbytes = kv.side_bytes("k", kt, ctx, a) + kv.side_bytes("v", vt, ctx, a)
+            choices.append(Choice(kv_type(kt, vt, topk), nbytes, kl_k + kl_v + kl_r))
+        parts = (f"blk.{layer}.k_cache", f"blk.{layer}.v_cache", reads)
+        out.append(Decision(f"blk.{layer}.kv", "kv", layer, parts, tuple(choices)))
     return out
+
+
+def kv_type(k: KVType, v: KVType, topk: int) -> str:
+    """A layer's KV choice: "q8/q4/22" (K type, V type, remote blocks read)."""
+    return f"{k.value}/{v.value}/{topk}"
 
 
 def _split_choices(head: WeightInfo, table: SensitivityTable) -> list[Choice]:
@@ -159,10 +176,12 @@ def plan_bytes(ds: list[Decision], picks: list[int]) -> int:
     return sum(d.choices[i].bytes for d, i in zip(ds, picks))
 
 
-def to_plan(ds: list[Decision], picks: list[int], n_layers: int, origin: str, notes: tuple[str, ...] = ()) -> PrecisionPlan:
+def to_plan(ds: list[Decision], picks: list[int], n_layers: int, origin: str, notes: tuple[str, ...] = (),
+            default_topk: int = AttentionConfig().topk) -> PrecisionPlan:
     from ..quant import QuantType
 
     weights, k, v = [], [KVType.F16] * n_layers, [KVType.F16] * n_layers
+    reads = [default_topk] * n_layers
     predicted, split = 0.0, None
     for d, i in zip(ds, picks):
         c = d.choices[i]
@@ -173,5 +192,7 @@ def to_plan(ds: list[Decision], picks: list[int], n_layers: int, origin: str, no
             if i != 0:
                 weights += [(name, QuantType[c.type]) for name in d.parts]
         else:
-            (k if d.kind == "k" else v)[d.layer] = KVType(c.type)
-    return PrecisionPlan(tuple(weights), tuple(k), tuple(v), None, origin, notes, predicted, head_split=split)
+            kt, vt, topk = c.type.split("/")
+            k[d.layer], v[d.layer], reads[d.layer] = KVType(kt), KVType(vt), int(topk)
+    return PrecisionPlan(tuple(weights), tuple(k), tuple(v), None, origin, notes, predicted, head_split=split,
+                         reads=tuple(reads))

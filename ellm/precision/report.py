@@ -8,7 +8,7 @@ import math
 from .analysis import SensitivityTable
 from .plan import PrecisionPlan
 
-KIND_ORDER = ("q", "k", "v", "o", "gate", "up", "down", "k_cache", "v_cache", "activations")
+KIND_ORDER = ("q", "k", "v", "o", "gate", "up", "down", "k_cache", "v_cache", "reads", "activations")
 
 
 def columns(table: SensitivityTable) -> list[tuple[str, str]]:
@@ -45,9 +45,6 @@ def render_text(table: SensitivityTable, plan: PrecisionPlan | None) -> str:
             splits.setdefault(cold, []).append(f"{n} {m.kl * 1e4:.1f}")
     for cold, cells in splits.items():
         lines.append(f"head  split, likeliest rows kept, the rest at {cold} (hot rows: KL): {', '.join(cells)}")
-    reads = [f"{m.type} {m.kl * 1e4:.1f}" for m in table.measurements if m.kind == "reads"]
-    if reads:
-        lines.append(f"reads every layer reading only the top-K remote blocks, against dense attention: {', '.join(reads)}")
     top = sorted(table.measurements, key=lambda m: -m.kl)[:10]
     lines.append("most sensitive: " + ", ".join(f"{m.part} {m.type} {m.kl:.2e}" for m in top))
     if plan is not None:
@@ -60,8 +57,10 @@ def render_text(table: SensitivityTable, plan: PrecisionPlan | None) -> str:
             lines.append(f"  {len(names)} weights to {t}: {', '.join(sorted(names)[:6])}{' ...' if len(names) > 6 else ''}")
         if plan.head_split is not None:
             lines.append(f"  {plan.head_split.describe()}")
-        if plan.topk is not None:
-            lines.append(f"  sparse reads: top-{plan.topk} remote blocks per query")
+        if plan.reads is not None:
+            from ..kv.attention import AttentionConfig
+
+            lines.append(f"  sparse reads: {AttentionConfig(layer_topk=plan.reads).describe()}")
         if plan.kv_k is not None:
             from ..kv.plan import KVPlan
 
@@ -70,7 +69,7 @@ def render_text(table: SensitivityTable, plan: PrecisionPlan | None) -> str:
         a = plan.summary
         if "measured_kl" in a:
             lines.append(f"  predicted KL {a['predicted_kl']:.4f}, measured {a['measured_kl']:.4f} nats per token "
-                         f"(weights {a['measured_kl_weights']:.4f}, KV{' and reads' if plan.topk is not None else ''} "
+                         f"(weights {a['measured_kl_weights']:.4f}, KV and reads "
                          f"{a['measured_kl_kv']:.4f})")
         if "plan_bytes" in a:
             lines.append(f"  {a['plan_bytes'] / 1e6:.2f} MB per token at {a['budget_ctx']} (budget {a['budget_bytes'] / 1e6:.2f}, "

@@ -22,7 +22,7 @@ from ..targets import MASK_ENV, cpu_mask, host_flags, missing_features
 from .tokenizer import Tokenizer, TokenizerInfo
 
 FORMAT = "ellm-artifact"
-FORMAT_VERSION = 2  # 2: several targets, each with its kernel library, sharing one weights file
+FORMAT_VERSION = 3  # 2: several targets, each with its kernel library, sharing one weights file; 3: attention settings per layer
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.bin"
 TOKENIZER = "tokenizer.json"

@@ -120,8 +120,8 @@ class Engine:
             self._kv_tensors = [tvm.runtime.empty(shape, dtype, tvm.cpu()) for shape, dtype in shapes]
         self._kv = tvm.runtime.convert(self._kv_tensors)
         self.attention = attention or artifact.attention()
-        self._attn = tvm.runtime.tensor(self.attention.as_array())
-        self._attn_dense = tvm.runtime.tensor(AttentionConfig.dense().as_array())
+        self._attn = tvm.runtime.tensor(self.attention.as_array(cfg.n_layers))
+        self._attn_dense = tvm.runtime.tensor(AttentionConfig.dense().as_array(cfg.n_layers))
         # the input of one-token steps, reused: after a step has streamed every weight through the caches, even
         # allocating a small tensor costs hundreds of microseconds (measured, SmolLM2 on a 32 MB L3)
         self._one_tensor = tvm.runtime.empty((1,), "int32", tvm.cpu())

@@ -61,7 +61,8 @@ def build_attention(req: KernelRequest, chunk: int, dot: Dot | None = None, int_
             n = req.m if req.m is not None else tirx.Var("T", "int64")
             q = I.arg("q", I.buffer((n, H * hd), "float32"))  # [T, n_heads * head_dim], rotated
             kv = KVBuffers.declare(plan, kt, vt, dot, int_scores, int_values, int_bits)
-            attn = I.arg("attn", I.buffer((5,), "float32"))  # [sinks, window, topk, widen, margin]
+            # [n_layers, 5]: per layer sinks, window, topk, widen, margin (kv/attention.py)
+            attn = I.arg("attn", I.buffer((plan.n_layers, 5), "float32"))
             pos, layer, kslot, vslot = KVBuffers.step_args()
             out = I.arg("out", I.buffer((n, H * hd), "float32"))
             ctx = (q, kv, attn, pos, layer, kslot, vslot, out, Hkv, G, hd, scale)
@@ -83,7 +84,7 @@ def _prefill(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: i
         r = task // Hkv
         kvh = task % Hkv
         t = I.Bind(tirx.Select(r % 2 == 0, r // 2, n - 1 - r // 2))
-        sh = ReadShape(kv, attn, pos + t + 1)
+        sh = ReadShape(kv, attn, layer, pos + t + 1)
         qy = Query(q, t, kvh * G, G, hd, scale, kv.query_bits, kv.rotated)
         states = [State(hd, kv.block, kv.int_bits) for _ in range(G)]
         count = I.alloc_buffer((1,), "int32")
@@ -110,7 +111,7 @@ def _decode(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: in
     """One query token. Phase 1 (sparse only, one task per KV head): bounds, top-K and the block list.
     Phase 2: tasks = (KV head, run of bpc blocks of the list) write partial (max, sum, acc) (split-K).
     Phase 3, per KV head: merge the partials of its G query heads, widen if needed, normalise."""
-    sh = ReadShape(kv, attn, pos + 1)
+    sh = ReadShape(kv, attn, layer, pos + 1)
     NBp = kv.nb + L
     bounds = I.alloc_buffer((Hkv * NBp,), "float32")
     sel = I.alloc_buffer((Hkv * kv.nb,), "int32")

@@ -12,13 +12,14 @@ from .sparse_select import NEG, block_bounds, collect_selected, top_k_threshold
 
 
 class ReadShape:
-    """Which blocks a query at position n_ctx - 1 reads, from the run-time config
-    attn = [sinks, window, topk, widen, margin] (topk < 0: dense). Items of its read list: the sink blocks
+    """Which blocks a query at position n_ctx - 1 of `layer` reads, from the run-time config
+    attn[layer] = [sinks, window, topk, widen, margin] (topk < 0: dense). Items of its read list: the sink blocks
     [0, sb) (the first `sinks` tokens rounded up to whole blocks), the selected blocks of the candidates
     [sb, wb), the window blocks [wb, cur]. Dense, or too few candidates to choose from: sb = 0, wb = 0."""
 
-    def __init__(self, kv: KVBuffers, attn, n_ctx):
+    def __init__(self, kv: KVBuffers, attn_all, layer, n_ctx):
         B = kv.block
+        attn = [attn_all[layer, j] for j in range(5)]
         i64 = lambda x: I.Bind(tirx.Cast("int64", x))  # noqa: E731
         zero = tirx.IntImm("int64", 0)
         self.n_ctx = n_ctx
