@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..errors import EllmError
+from .plan import layer_runs
 
 MODES = ("sparse", "dense")
 
@@ -91,16 +92,6 @@ class AttentionConfig:
     def describe(self) -> str:
         if self.mode == "dense":
             return "attention dense"
-        topk = f"top-{self.topk}" if not self.layer_topk else f"top-K per layer {_runs(self.layer_topk)}"
+        topk = f"top-{self.topk}" if not self.layer_topk else f"top-K per layer {layer_runs(self.layer_topk)}"
         return f"attention sparse (sinks {self.sinks}, window {self.window}, {topk} blocks, widen <= {self.widen})"
 
-
-def _runs(values) -> str:
-    """E.g. "22 (0-6) 4 (7) 22 (8-29)": each value and the layers it covers."""
-    runs: list[list] = []  # [value, first, last]
-    for i, v in enumerate(values):
-        if runs and runs[-1][0] == v and runs[-1][2] == i - 1:
-            runs[-1][2] = i
-        else:
-            runs.append([v, i, i])
-    return " ".join(f"{v} ({a}-{b})" if a != b else f"{v} ({a})" for v, a, b in runs)

@@ -26,6 +26,17 @@ from typing import Any
 from ..errors import EllmError
 
 
+def layer_runs(values, label=str) -> str:
+    """E.g. "q8 (0-3) q4 (4-29)": each run of equal per-layer values, labelled, and the layers it covers."""
+    runs: list[list] = []  # [value, first, last]
+    for i, v in enumerate(values):
+        if runs and runs[-1][0] == v and runs[-1][2] == i - 1:
+            runs[-1][2] = i
+        else:
+            runs.append([v, i, i])
+    return " ".join(f"{label(v)} ({a}-{b})" if a != b else f"{label(v)} ({a})" for v, a, b in runs)
+
+
 class KVType(str, enum.Enum):
     F32 = "f32"
     F16 = "f16"
@@ -259,15 +270,7 @@ class KVPlan:
         """E.g. "K q8 (layers 0-3) q4 (4-29), V q4": each type and the layers that use it."""
 
         def side(types) -> str:
-            runs: list[list] = []  # [type, first, last]
-            for i, t in enumerate(types):
-                if runs and runs[-1][0] is t and runs[-1][2] == i - 1:
-                    runs[-1][2] = i
-                else:
-                    runs.append([t, i, i])
-            if len(runs) == 1:
-                return runs[0][0].value
-            return " ".join(f"{t.value} ({a}-{b})" if a != b else f"{t.value} ({a})" for t, a, b in runs)
+            return types[0].value if len(set(types)) == 1 else layer_runs(types, lambda t: t.value)
 
         return f"K {side(self.k)}, V {side(self.v)}"
 

@@ -58,7 +58,7 @@ class SparseSelect:
             top = (rank[None, None, :] < a.topk) & (rank[None, None, :] < n_cand[None, :, None])
             np.put_along_axis(read, order, np.take_along_axis(read, order, -1) | top, axis=-1)
             if a.widen > 0:
-                self._widen(read, order, bound, scores, pos, n_cand, first)
+                self._widen(read, order, bound, scores, pos, n_cand)
         keymask = np.repeat(read, B, axis=-1)[..., :n]  # [Hkv, c, n]
         return np.where(keymask, F32(0), F32(-np.inf))[:, None]
 
@@ -76,7 +76,7 @@ class SparseSelect:
         b = np.maximum(qq * lo[:, None, None], qq * hi[:, None, None]).sum(axis=-1)  # [Hkv, G, c, NB]
         return b.max(axis=1)
 
-    def _widen(self, read, order, bound, scores, pos, n_cand, first) -> None:
+    def _widen(self, read, order, bound, scores, pos, n_cand) -> None:
         """Up to `widen` more candidates in falling bound order, while the next one's bound is above the lowest
         of the G heads' best scores so far less the margin (in place on read [Hkv, c, NB])."""
         a, B = self.a, self.block
