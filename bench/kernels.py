@@ -1,11 +1,11 @@
 """Kernel micro-benchmarks: each kernel of a decode step (or of a prefill chunk) alone, against the measured read
 bandwidth (decode) or as multiply-accumulates per second (prefill).
 
-    python bench/kernels.py [--model GGUF] [--ctx 512] [--tokens T] [--threads N] [--target PRESET] [--cold]
+    python bench/kernels.py [--model GGUF] [--ctx 512] [--tokens T [--verify]] [--threads N] [--target PRESET] [--cold]
                             [--knob RULE.KNOB=VALUE] [--activations A] [--json FILE]
 
-Every kernel of the one-token entry (or, with --tokens, of the prefill entry at T tokens) is compiled alone
-and called with its real shapes, by the tuner's timing harness (ellm/autotune/measure.py): weights and KV
+Every kernel of the one-token entry (or, with --tokens, of the prefill entry at T tokens; with --verify, of the
+verification entry) is compiled alone and called with its real shapes, by the tuner's timing harness (ellm/autotune/measure.py): weights and KV
 blocks rotate through copies until a pass reads what one decode step reads at `ctx` (the reuse distance a
 step gives each byte; at most four times the last-level cache), or with --cold four times the last-level
 cache whatever the step. Times include the Python call (~1 us). The table ends with the sum over one step
@@ -27,6 +27,8 @@ def main() -> None:
     ap.add_argument("--model")
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--tokens", type=int, default=0, help="profile the prefill entry at this many tokens (default: decode)")
+    ap.add_argument("--verify", action="store_true",
+                    help="with --tokens: profile the verification entry (rows computed as one-token steps) instead")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--target", default="auto", help="a target preset (default: this host's)")
     ap.add_argument("--knob", action="append", default=[], metavar="RULE.KNOB=VALUE",
@@ -44,7 +46,7 @@ def main() -> None:
     from ellm.bench.bandwidth import measure_read_bandwidth
     from ellm.compiler.build import CompileOptions, build_graph
     from ellm.compiler.gguf_file import GGUFFile
-    from ellm.compiler.lower import lower
+    from ellm.compiler.lower import ENTRIES, lower
     from ellm.compiler.tir_pipeline import compile_tir
     from ellm.config import ModelConfig
     from ellm.models import resolve_model
@@ -55,11 +57,16 @@ def main() -> None:
     gf = GGUFFile(resolve_model(a.model))
     cfg = ModelConfig.from_gguf(gf)
     _, g = build_graph(gf, cfg, CompileOptions(activations=a.activations), preset)
-    lowered = lower(g, preset)
     prefill = a.tokens > 0
+    if a.verify and not prefill:
+        raise SystemExit("--verify needs --tokens")
+    verify = [e for e in ENTRIES if e.steps]
+    lowered = lower(g, preset, entries=verify) if a.verify else lower(g, preset)
     # decode: the m=1 kernels; prefill: the symbolic-token kernels (and the head on the last row)
     head = lambda k: k.req.kind.value == "lm_head"  # noqa: E731
-    if prefill:  # the chunk's kernels; its head projects the last row only
+    if a.verify:  # the verification step's kernels: its head projects every row
+        step = list(lowered.kernels)
+    elif prefill:  # the chunk's kernels; its head projects the last row only
         step = [k for k in lowered.kernels if (k.req.m is None and not head(k)) or k.req.attr("last_row")]
     else:  # the one-token kernels, the head included (the decode entry shares the last-row head kernel)
         step = [k for k in lowered.kernels if k.req.m == 1]
@@ -102,7 +109,7 @@ def main() -> None:
     report = {"host": detect_host().record(), "bandwidth_gb_s": bw.gb_s_median, "threads": a.threads, "ctx": a.ctx,
               "tokens": a.tokens, "step_bytes": wl.step_bytes, "reuse_bytes": reuse, "target": preset.name, "kernels": rows,
               "sum_over_step_us": step_us}
-    what = f"prefill chunk of {a.tokens} tokens" if prefill else "decode step"
+    what = f"{'verification step' if a.verify else 'prefill chunk'} of {a.tokens} tokens" if prefill else "decode step"
     print(f"read bandwidth {bw.gb_s_median:.1f} GB/s, {a.threads} threads, KV context {a.ctx}, target {preset.name}, {what}"
           + ("" if prefill else f", bytes reread after {reuse / 1e6:.0f} MB"))
     if prefill:

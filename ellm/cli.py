@@ -158,7 +158,10 @@ def generate_and_report(eng, text: str, a: argparse.Namespace) -> int:
         sys.stdout.flush()
         printed = text_now
 
-    new = eng.generate(ids, a.n_predict, temperature=a.temp, seed=a.seed, on_token=on_token, progress=prefill_progress())
+    from .speculative.cli import speculative_option
+
+    new = eng.generate(ids, a.n_predict, temperature=a.temp, seed=a.seed, on_token=on_token, progress=prefill_progress(),
+                       speculative=speculative_option(a), cache_reuse=a.cache_reuse)
     st = eng.stats
     text_out = tok.decode([x for x in new if not tok.is_eog(x)])
     if a.json:
@@ -172,6 +175,12 @@ def generate_and_report(eng, text: str, a: argparse.Namespace) -> int:
                     "prefill_tok_s": st.prefill_tok_s,
                     "decode_tok_s": st.decode_tok_s,
                     "decode_tokens": st.decode_tokens,
+                    "reused_tokens": st.reused_tokens,
+                    "verify_steps": st.verify_steps,
+                    "decode_steps": st.decode_steps,
+                    "accept_rate": _finite(st.accept_rate),
+                    "mean_accepted": _finite(st.mean_accepted),
+                    "steps_saved": st.steps_saved,
                     "stop_reason": st.stop_reason,
                     "threads": eng.threads,
                     "ctx_size": eng.ctx_size,
@@ -181,13 +190,20 @@ def generate_and_report(eng, text: str, a: argparse.Namespace) -> int:
         )
     else:
         sys.stdout.write(text_out[len(printed) :] + "\n")
+        spec = (f" ({st.verify_steps} chains: {100 * st.accept_rate:.0f}% of drafted tokens accepted, "
+                f"{st.mean_accepted:.1f} a chain, {st.steps_saved} steps saved)" if st.verify_steps else "")
         print(
             f"[prompt {st.prompt_tokens} tokens: prefill {st.prefill_tok_s:.1f} tok/s, first token {st.ttft_s:.2f} s | "
-            f"decode {st.decode_tokens} tokens: {st.decode_tok_s:.1f} tok/s | stop: {st.stop_reason} | "
+            f"decode {st.decode_tokens} tokens: {st.decode_tok_s:.1f} tok/s{spec} | stop: {st.stop_reason} | "
             f"{describe_target(eng.artifact)}]",
             file=sys.stderr,
         )
     return 0
+
+
+def _finite(x: float) -> float | None:
+    """JSON has no NaN: a statistic without samples is null."""
+    return None if x != x else x
 
 
 def cmd_run(a: argparse.Namespace) -> int:
@@ -371,6 +387,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--target", default=None, help="run this target of the artifact (default: the best this CPU can run)")
     add_rope_scaling_args(r)
     add_attention_args(r)
+    from .speculative.cli import add_speculative_args
+
+    add_speculative_args(r)
     r.set_defaults(func=cmd_run)
 
     i = sub.add_parser("inspect", help="summarise a model's graph: ops, weight bytes per type, KV bytes per token")

@@ -23,7 +23,7 @@ from .artifact import write_manifest, write_weights
 from .compile_target import (TargetBuild, TargetOptions, build_graph, compile_target, kv_store_fields, pass_context,
                              precision_plan)
 from .gguf_file import GGUFFile
-from .lower import ENTRIES, ParamSpec
+from .lower import ENTRIES, MAX_VERIFY, ParamSpec
 from .pack_weights import pack_params
 from .pass_context import ACTIVATIONS
 from .pipeline import REQUIRED, pass_names
@@ -185,7 +185,9 @@ def compile_model(
             "precision": (plan.to_dict() if plan is not None else {"origin": "source", "weights": {}}),
             "attention": _planned_attention(plan).to_dict(),  # the read budget it was planned for
             "prefetch": options.prefetch,
-            "entries": [{"name": e.name, "tokens": e.m, "logits": "last" if e.last_only else "all"} for e in ENTRIES],
+            "entries": [{"name": e.name, "tokens": e.m, "logits": "last" if e.last_only else "all",
+                         "numerics": "steps" if e.steps else "chunks"} for e in ENTRIES],
+            "max_verify": MAX_VERIFY,
             "max_chunk": options.max_chunk,
             "params": table,
             "tokenizer": tokenizer.info.to_dict(),

@@ -15,7 +15,7 @@ from .gguf_file import GGUFFile
 from .graph import Graph
 from .import_llama import import_llama
 from .inspect import decode_weight_bytes
-from .lower import Lowered, lower
+from .lower import MAX_VERIFY, Lowered, lower
 from .pass_context import ACTIVATIONS, KVOptions, PassContext, auto_activations
 from .pipeline import enabled_passes, run_pipeline
 from .tir_pipeline import compile_tir
@@ -92,12 +92,18 @@ def precision_plan(gf: GGUFFile, cfg: ModelConfig, options: TargetOptions, g0: G
         from ..runtime.tokenizer import Tokenizer
 
         budget = Budget(options.budget_mb, options.budget_ratio, options.budget_ctx)
-        kv = KVGeometry(cfg.n_kv_heads, cfg.head_dim, options.kv_block, options.kv_recent, options.max_chunk,
+        kv = KVGeometry(cfg.n_kv_heads, cfg.head_dim, options.kv_block, options.kv_recent, step_tokens(options),
                         *kv_store_fields(options.kv_store))
         plan = auto_plan(gf, cfg, Tokenizer.from_gguf(gf), infos, budget, kv, Calibration.load(options.calibration),
                          log=log, check=check, fixed_kv=fixed)
     plan.check(infos, cfg.n_layers)
     return plan
+
+
+def step_tokens(options: TargetOptions) -> int:
+    """The most tokens one step writes to the KV cache (it sizes the float16 ring): a prefill chunk or a
+    verification step."""
+    return max(options.max_chunk, MAX_VERIFY)
 
 
 def pass_context(options: TargetOptions, preset: TargetPreset, plan: PrecisionPlan | None = None) -> PassContext:
@@ -110,7 +116,7 @@ def pass_context(options: TargetOptions, preset: TargetPreset, plan: PrecisionPl
         raise EllmError(f"{activations} activations need integer dot products (AVX2 or later), which target {preset.name} lacks")
     assert activations in ACTIVATIONS
     kv = KVOptions(parse_kv_type(options.cache_type_k), parse_kv_type(options.cache_type_v), options.kv_block,
-                   options.kv_recent, options.max_chunk, *kv_store_fields(options.kv_store))
+                   options.kv_recent, step_tokens(options), *kv_store_fields(options.kv_store))
     return PassContext(preset, activations, chunks, kv, plan)
 
 

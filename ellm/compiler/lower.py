@@ -23,12 +23,19 @@ class Entry:
     name: str
     m: int | None
     last_only: bool
+    # rows computed as one-token steps would compute them (their activation precision, decode's attention),
+    # so that a row's logits equal those of a decode step at its position bit for bit
+    steps: bool = False
 
+
+# The most tokens a verification step takes: a drafted chain plus the token before it.
+MAX_VERIFY = 32
 
 ENTRIES: tuple[Entry, ...] = (
-    Entry("prefill_all", None, False),  # teacher-forced logits, verification
+    Entry("prefill_all", None, False),  # teacher-forced logits
     Entry("prefill", None, True),  # prompt chunks
     Entry("decode", 1, True),  # one token
+    Entry("verify", None, False, steps=True),  # a speculative chain (runtime/speculative.py)
 )
 
 
@@ -115,9 +122,10 @@ class _Lowering:
         self.kv_index = {s.name: i for i, s in enumerate(self.plan.state_tensors())}
 
     # --- kernels --------------------------------------------------------------------------
-    def kernel(self, req: KernelRequest):
+    def kernel(self, req: KernelRequest, knob_req: KernelRequest | None = None):
+        """`knob_req`: the request whose tuned knobs the kernel takes (default: its own)."""
         rule = select_rule(req, self.target)
-        given = self.knob_lookup(req, rule.name) if self.knob_lookup else None
+        given = self.knob_lookup(knob_req or req, rule.name) if self.knob_lookup else None
         knobs = rule.resolve_knobs(req, self.target, given)
         key = (rule.name, req, tuple(sorted(knobs.items())))
         if key not in self.kernels:
@@ -128,12 +136,15 @@ class _Lowering:
             self.kernels[key] = (gv, KernelInfo(name, rule.name, knobs, req.describe(), req))
         return self.kernels[key][0]
 
-    def request(self, op: Op, m: int | None, **extra_attrs) -> KernelRequest:
+    def request(self, op: Op, m: int | None, steps: bool = False, **extra_attrs) -> KernelRequest:
+        """`steps`: rows of several tokens computed as one-token steps (Entry.steps)."""
         attrs = dict(op.attrs)
         attrs.update(extra_attrs)
         chunk_bits = attrs.pop("chunk_act_bits", None)
-        if chunk_bits is not None and m is None:  # a chunk of tokens: the chunks' activation precision
+        if chunk_bits is not None and m is None and not steps:  # a chunk of tokens: the chunks' activation precision
             attrs["act_bits"] = chunk_bits
+        if steps and m != 1 and op.kind is OpKind.ATTENTION:
+            attrs["step_rows"] = 1
         w = op.weight
         if w is not None:
             attrs["layout"] = w.layout
@@ -168,7 +179,8 @@ class _Lowering:
         )
         # A bound on T lets the memory planner give every intermediate one fixed buffer, allocated once,
         # instead of a pooled allocation per distinct chunk length (which grows without limit).
-        attrs = {"tir_var_upper_bound": {"T": self.max_chunk}} if entry.m is None else {}
+        bound = MAX_VERIFY if entry.steps else self.max_chunk
+        attrs = {"tir_var_upper_bound": {"T": bound}} if entry.m is None else {}
         # The parameters come last and are not checked on every call (VMShapeLower skips the arguments past
         # `num_input`): they are verified once at load, and every kernel checks its own arguments anyway.
         # At 423 parameters the checks were 1,300 VM instructions, a sixth of SmolLM2's decode step.
@@ -185,8 +197,11 @@ class _Lowering:
                     m = 1 if last else entry.m
                     # the head reads the last row of the chunk's hidden states; what follows it is already one row
                     head = last and op.kind is OpKind.LM_HEAD
-                    req = self.request(op, m, last_row=True) if head else self.request(op, m)
-                    outs = self.emit(op, req, env, getp, T, C, pos, rope)
+                    req = self.request(op, m, last_row=True) if head else self.request(op, m, entry.steps)
+                    # rows standing for one-token steps take the one-token kernel's knobs: split-K attention
+                    # with other chunk sizes would merge its partial sums in another order
+                    knob_req = self.request(op, 1) if entry.steps and op.kind is OpKind.ATTENTION else None
+                    outs = self.emit(op, req, env, getp, T, C, pos, rope, knob_req)
                     for i, v in enumerate(outs):
                         env[(name, i)] = v
                 (out,) = g.outputs
@@ -199,9 +214,9 @@ class _Lowering:
                 return int(op.attr("rope_dim"))
         raise AssertionError("graph has no rope op")
 
-    def emit(self, op: Op, req: KernelRequest, env, getp, T, C, pos, rope) -> list:
+    def emit(self, op: Op, req: KernelRequest, env, getp, T, C, pos, rope, knob_req=None) -> list:
         bb = self.bb
-        gv = self.kernel(req)
+        gv = self.kernel(req, knob_req)
         ins = [env[(u.src, u.index)] for u in op.inputs]
         outs = [_rtype(t, T if req.m is None else req.m, C) for t in op.outs]
         weights = [getp(f"{w.name}:{name}") for w in op.weights for name, _, _ in weight_components(w)]

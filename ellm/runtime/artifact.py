@@ -7,6 +7,7 @@ library. It never compiles.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,8 @@ from ..targets import MASK_ENV, cpu_mask, host_flags, missing_features
 from .tokenizer import Tokenizer, TokenizerInfo
 
 FORMAT = "ellm-artifact"
-FORMAT_VERSION = 3  # 2: several targets, each with its kernel library, sharing one weights file; 3: attention settings per layer
+FORMAT_VERSION = 4  # 2: several targets, each with its kernel library, sharing one weights file; 3: attention settings
+# per layer; 4: the verify entry (speculative chains)
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.bin"
 TOKENIZER = "tokenizer.json"
@@ -89,6 +91,14 @@ class Artifact:
     @property
     def target_names(self) -> list[str]:
         return [t["preset"] for t in self.targets]
+
+    @property
+    def identity(self) -> str:
+        """What the artifact computes with on this host: its files' digests and the target whose kernels
+        run (16 hex digits). Files measured or saved against an artifact (verification costs, session
+        caches) name it."""
+        blob = json.dumps({"files": self.manifest["files"], "target": self.target["preset"]}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def verify_files(self) -> None:
         for name, expected in self.manifest["files"].items():

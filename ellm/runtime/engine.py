@@ -9,12 +9,13 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, NoReturn, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 import numpy as np
 
 from ..errors import ContextOverflowError, EllmError
 from ..kv.attention import AttentionConfig
+from ..speculative.config import SpeculativeConfig
 from .artifact import Artifact
 from .hugepages import huge_arrays
 from .rope import rope_table
@@ -28,9 +29,28 @@ class GenerationStats:
     reused_tokens: int = 0  # prompt tokens whose KV came from the cache
     prefill_s: float = 0.0
     ttft_s: float = 0.0  # call start -> first new token chosen
-    decode_tokens: int = 0  # tokens produced by decode steps (all but the first)
+    decode_tokens: int = 0  # tokens produced after the first (by decode or verification steps)
     decode_s: float = 0.0
     stop_reason: str = ""
+    decode_steps: int = 0  # one-token steps
+    verify_steps: int = 0  # verification steps of speculative chains
+    drafted: int = 0  # drafted tokens verified
+    accepted: int = 0  # of them, accepted
+    controller: Any = None  # the speculative chain controller, for its acceptance estimates
+
+    @property
+    def accept_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else float("nan")
+
+    @property
+    def mean_accepted(self) -> float:
+        """Drafted tokens accepted per verification step."""
+        return self.accepted / self.verify_steps if self.verify_steps else float("nan")
+
+    @property
+    def steps_saved(self) -> int:
+        """Tokens after the first less the forward steps that produced them."""
+        return self.decode_tokens - self.decode_steps - self.verify_steps
 
     @property
     def prefill_tok_s(self) -> float:
@@ -98,6 +118,7 @@ class Engine:
         self.prefill_chunk = int(prefill_chunk or max_chunk)
         if not 1 <= self.prefill_chunk <= max_chunk:
             raise EllmError(f"prefill_chunk must be between 1 and the artifact's max_chunk {max_chunk}, got {prefill_chunk}")
+        self.max_verify = int(artifact.manifest["max_verify"])
         self.tokenizer = artifact.tokenizer()
         set_threads(self.threads)
         self.target = artifact.target["preset"]  # the artifact's target whose kernels run (runtime/artifact.py)
@@ -127,6 +148,7 @@ class Engine:
         self._one_tensor = tvm.runtime.empty((1,), "int32", tvm.cpu())
         self._one = np.from_dlpack(self._one_tensor)  # [1] int32, the same memory
         self._cache = _Cache()
+        self._curve: list[float] | None = None  # verification cost over decode cost per chain length (speculative/cost.py)
         self.stats = GenerationStats()
 
     @classmethod
@@ -225,6 +247,16 @@ class Engine:
         self._one[0] = token
         return self._step("decode", self._one, x=self._one_tensor)[0]
 
+    def verify(self, ids: Sequence[int]) -> np.ndarray:
+        """Append `ids` in one step whose rows are computed as one-token steps: logits [len(ids), vocab],
+        row i equal bit for bit to what decode would return for ids[i] after ids[:i] (a speculative chain's
+        verification, runtime/speculative.py). At most the artifact's max_verify tokens."""
+        set_threads(self.threads)
+        arr = self._check_ids(ids)
+        if not 1 <= arr.size <= self.max_verify:
+            raise EllmError(f"a verification step takes 1 to {self.max_verify} tokens, got {arr.size}")
+        return self._step("verify", arr)
+
     # --- the public API ----------------------------------------------------------------------
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """[len(ids), vocab] float32 logits, teacher-forced from an empty cache with dense attention."""
@@ -240,11 +272,21 @@ class Engine:
         stop_at_eog: bool = True,
         on_token: Callable[[int], None] | None = None,
         progress: Callable[[int, int], None] | None = None,
+        speculative: SpeculativeConfig | None = None,
+        cache_reuse: bool = True,
     ) -> list[int]:
         """New token ids continuing `ids` (greedy at temperature 0).
 
-        Cached KV of a common prefix written by earlier prefill steps is reused; that reproduces a fresh
-        run exactly, because a prefill step's result for a token does not depend on how it was chunked.
+        `cache_reuse`: the KV of the longest cached prefix of `ids` is kept, tokens decoded by earlier calls
+        included, so a conversation's next turn computes only its new message. Decoded tokens' KV was
+        computed by one-token steps, whose activations may be rounded differently from a prompt chunk's
+        (`ellm compile --activations`): the next turn's logits are then close to, not bit-equal to, a fresh
+        run's (README, "Speculative decoding"). Off, only prompt tokens written by prefill are reused, which
+        reproduces a fresh run bit for bit (a prefill step's result does not depend on how it was chunked).
+
+        `speculative`: draft and verify chains (speculative/). Greedy output is token for token the output
+        without it (verification rows equal decode steps bit for bit); sampled output has the same
+        distribution.
         """
         t0 = time.perf_counter()
         arr = self._check_ids(ids)
@@ -262,7 +304,7 @@ class Engine:
             stats.stop_reason = "length"
             return []
 
-        cached = self._cache.tokens[: self._cache.exact]
+        cached = self._cache.tokens[: self.n_cached if cache_reuse else self._cache.exact]
         common = 0
         for a, b in zip(cached, arr.tolist()):
             if a != b:
@@ -277,25 +319,55 @@ class Engine:
         stats.prefill_s = time.perf_counter() - t0
 
         out: list[int] = []
-        t_dec = None
-        while True:
-            tok = sample(logits, temperature, rng)
-            if not out:
-                stats.ttft_s = time.perf_counter() - t0
-                t_dec = time.perf_counter()
+
+        def emit(tok: int) -> bool:
+            """Record a chosen token; whether generation stops here."""
             out.append(tok)
             if on_token:
                 on_token(tok)
             if stop_at_eog and self.tokenizer.is_eog(tok):
                 stats.stop_reason = "eog"
-                break
-            if len(out) >= max_new_tokens:
+            elif len(out) >= max_new_tokens:
                 stats.stop_reason = "length"
-                break
-            if self.n_cached >= self.ctx_size:
-                stats.stop_reason = "context"
-                break
-            logits = self.decode(tok)
-            stats.decode_tokens += 1
+            return bool(stats.stop_reason)
+
+        first = sample(logits, temperature, rng)
+        stats.ttft_s = time.perf_counter() - t0
+        if speculative is not None and speculative.on and self._curve is None:
+            self._curve = self._verify_cost_curve()  # once per engine: from the cache, else measured here
+        t_dec = time.perf_counter()
+        if not emit(first):
+            if speculative is not None and speculative.on:
+                self._speculate(arr.tolist(), first, emit, stats, speculative, temperature, rng,
+                                lambda: max_new_tokens - len(out))
+            else:
+                tok = first
+                while not stats.stop_reason:
+                    if self.n_cached >= self.ctx_size:
+                        stats.stop_reason = "context"
+                        break
+                    logits = self.decode(tok)
+                    stats.decode_tokens += 1
+                    stats.decode_steps += 1
+                    tok = sample(logits, temperature, rng)
+                    emit(tok)
         stats.decode_s = time.perf_counter() - t_dec if stats.decode_tokens else 0.0
+        # the cache holds the prompt and every token but the last, whichever steps produced them
+        if self.n_cached > arr.size + len(out) - 1:
+            self.truncate(arr.size + len(out) - 1)
         return out
+
+    def _verify_cost_curve(self) -> list[float]:
+        from ..demo import cache_root
+        from ..speculative.cost import load_or_measure
+
+        return load_or_measure(self, cache_root(), self.max_verify)
+
+    def _speculate(self, context, first, emit, stats, cfg: SpeculativeConfig, temperature, rng, remaining) -> None:
+        from ..speculative.chain import run_chain
+        from ..speculative.controller import ChainController
+
+        assert self._curve is not None
+        controller = ChainController(self._curve, min(cfg.chain, self.max_verify - 1), cfg.adaptive)
+        run_chain(self, context, first, emit, stats, cfg, controller, temperature, rng, remaining)
+        stats.controller = controller

@@ -66,8 +66,8 @@ def build_attention(req: KernelRequest, chunk: int, dot: Dot | None = None, int_
             pos, layer, kslot, vslot = KVBuffers.step_args()
             out = I.arg("out", I.buffer((n, H * hd), "float32"))
             ctx = (q, kv, attn, pos, layer, kslot, vslot, out, Hkv, G, hd, scale)
-            if req.m == 1 and chunk:
-                _decode(*ctx, max(1, chunk // plan.block), prefetch, prefetch_locality, chunk_major)
+            if chunk and step_rows(req):
+                _decode(*ctx, max(1, chunk // plan.block), prefetch, prefetch_locality, chunk_major, n)
             else:
                 _prefill(*ctx, n)
     return ib.get()
@@ -107,50 +107,74 @@ def _prefill(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: i
 
 
 def _decode(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: int, scale: float, bpc: int,
-            prefetch: int, locality: int = 2, chunk_major: bool = False) -> None:
-    """One query token. Phase 1 (sparse only, one task per KV head): bounds, top-K and the block list.
-    Phase 2: tasks = (KV head, run of bpc blocks of the list) write partial (max, sum, acc) (split-K).
-    Phase 3, per KV head: merge the partials of its G query heads, widen if needed, normalise."""
-    sh = ReadShape(kv, attn, layer, pos + 1)
+            prefetch: int, locality: int = 2, chunk_major: bool = False, n=1) -> None:
+    """Query rows as one-token steps: row t (at position pos + t) is computed exactly as a decode step at
+    that position would compute it, the same work in the same order, so a verification step's rows equal
+    the decode steps they stand for bit for bit (one row: a decode step).
+    Phase 1 (sparse only, one task per row and KV head): bounds, top-K and the block list.
+    Phase 2: tasks = (row, KV head, run of bpc blocks of the row's list) write partial (max, sum, acc) (split-K).
+    Phase 3, per row and KV head: merge the partials of its G query heads in run order, widen if needed,
+    normalise."""
     NBp = kv.nb + L
-    bounds = I.alloc_buffer((Hkv * NBp,), "float32")
-    sel = I.alloc_buffer((Hkv * kv.nb,), "int32")
-    n_list = I.alloc_buffer((Hkv,), "int32")
-    thrs = I.alloc_buffer((Hkv,), "float32")
-    lasts = I.alloc_buffer((Hkv,), "int32")
-    with I.If(sh.dense == 0):
-        with I.Then():
-            with I.parallel(0, Hkv) as kvh:
-                qy = Query(q, 0, kvh * G, G, hd, scale, rotate=kv.rotated)
+    zero = tirx.IntImm("int64", 0)
+    bounds = I.alloc_buffer((n * Hkv * NBp,), "float32")
+    sel = I.alloc_buffer((n * Hkv * kv.nb,), "int32")
+    n_list = I.alloc_buffer((n * Hkv,), "int32")
+    thrs = I.alloc_buffer((n * Hkv,), "float32")
+    lasts = I.alloc_buffer((n * Hkv,), "int32")
+
+    def shape(t) -> ReadShape:
+        return ReadShape(kv, attn, layer, pos + t + 1)
+
+    def runs(sh: ReadShape):
+        # items: dense, blocks 0 .. cur; sparse, per KV head: the sinks, the selected blocks, the window
+        listed = n_items(sh, tirx.Select(sh.dense == 1, zero, sh.topk))
+        return (listed + bpc - 1) // bpc
+
+    with I.parallel(0, n * Hkv) as task:
+        t, kvh = task // Hkv, task % Hkv
+        sh = shape(t)
+        with I.If(sh.dense == 0):
+            with I.Then():
+                qy = Query(q, t, kvh * G, G, hd, scale, rotate=kv.rotated)
                 count = I.alloc_buffer((1,), "int32")
-                thr = select_blocks(kv, qy, G, kvh, kslot, sh, bounds, kvh * NBp, sel, kvh * kv.nb, count)
-                I.buffer_store(thrs, thr[0], [kvh])
-                I.buffer_store(lasts, tirx.Select(count[0] > 0, sel[kvh * kv.nb + tirx.max(count[0] - 1, 0)], -1), [kvh])
-                I.buffer_store(n_list, count[0], [kvh])
-    # items: dense, blocks 0 .. cur; sparse, per KV head: the sinks, the selected blocks, the window
-    listed = I.Bind(n_items(sh, tirx.Select(sh.dense == 1, tirx.IntImm("int64", 0), sh.topk)))
-    n_chunks = I.Bind((listed + bpc - 1) // bpc)
+                thr = select_blocks(kv, qy, G, kvh, kslot, sh, bounds, task * NBp, sel, task * kv.nb, count)
+                I.buffer_store(thrs, thr[0], [task])
+                I.buffer_store(lasts, tirx.Select(count[0] > 0, sel[task * kv.nb + tirx.max(count[0] - 1, 0)], -1), [task])
+                I.buffer_store(n_list, count[0], [task])
+    if isinstance(n, int) and n == 1:
+        n_runs = I.Bind(runs(shape(0)))
+    else:  # the most runs of any row; a row's tasks past its own runs are empty
+        most = I.alloc_buffer((1,), "int64")
+        I.buffer_store(most, zero, [0])
+        with I.serial(0, n) as t:
+            I.buffer_store(most, tirx.max(most[0], runs(shape(t))), [0])
+        n_runs = I.Bind(opaque(most[0]))
     # sized from NB alone (the list never exceeds NB blocks): TVM's storage rewrite hoists allocations
     # to the top of the function, above any value computed at run time
-    max_chunks = (kv.nb + bpc - 1) // bpc
-    part_st = I.alloc_buffer((Hkv * max_chunks * G * 2,), "float32")
-    part_acc = I.alloc_buffer((Hkv * max_chunks * G * hd,), "float32")
-    with I.parallel(0, Hkv * n_chunks) as job:
-        kvh = job % Hkv if chunk_major else job // n_chunks
-        c = job // Hkv if chunk_major else job % n_chunks
-        task = kvh * n_chunks + c  # where its partial state goes, whatever the order tasks run in
-        qy = Query(q, 0, kvh * G, G, hd, scale, kv.query_bits, kv.rotated)
+    max_runs = (kv.nb + bpc - 1) // bpc
+    part_st = I.alloc_buffer((n * Hkv * max_runs * G * 2,), "float32")
+    part_acc = I.alloc_buffer((n * Hkv * max_runs * G * hd,), "float32")
+    with I.parallel(0, n * Hkv * n_runs) as job:
+        # rows innermost: the tasks of one run of several rows read (mostly) the same blocks one after another
+        t, rest = job % n, job // n
+        kvh = rest % Hkv if chunk_major else rest // n_runs
+        c = rest // Hkv if chunk_major else rest % n_runs
+        row = t * Hkv + kvh
+        task = row * n_runs + c  # where its partial state goes, whatever the order tasks run in
+        sh = shape(t)
+        qy = Query(q, t, kvh * G, G, hd, scale, kv.query_bits, kv.rotated)
         states = [State(hd, kv.block, kv.int_bits) for _ in range(G)]
-        cnt = I.Bind(opaque(tirx.Select(sh.dense == 1, tirx.IntImm("int64", 0), tirx.Cast("int64", n_list[kvh]))))
+        cnt = I.Bind(opaque(tirx.Select(sh.dense == 1, zero, tirx.Cast("int64", n_list[row]))))
         end = I.Bind(opaque(n_items(sh, cnt)))
         with I.serial(c * bpc, tirx.min(c * bpc + bpc, end)) as i:
-            if prefetch:  # the list's block `prefetch` items ahead (past this task's chunk too: the same thread
-                # usually takes the next chunk)
+            if prefetch:  # the list's block `prefetch` items ahead (past this task's run too: the same thread
+                # usually takes the next run)
                 with I.If(i + prefetch < end):
                     with I.Then():
-                        ahead = I.Bind(list_item(sh, i + prefetch, cnt, lambda j: sel[kvh * kv.nb + j]))
+                        ahead = I.Bind(list_item(sh, i + prefetch, cnt, lambda j: sel[row * kv.nb + j]))
                         kv.prefetch_block(kslot, vslot, kvh, ahead, locality)
-            b = I.Bind(list_item(sh, i, cnt, lambda j: sel[kvh * kv.nb + j]))
+            b = I.Bind(list_item(sh, i, cnt, lambda j: sel[row * kv.nb + j]))
             attend(kv, qy, layer, kslot, vslot, kvh, b, sh.n_ctx, sh.first_ring, states)
         for g, st in enumerate(states):
             st.fold()
@@ -158,25 +182,28 @@ def _decode(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: in
             I.buffer_store(part_st, st.l[0], [(task * G + g) * 2 + 1])
             for cc in range(hd // L):
                 I.buffer_store(part_acc, st.acc[ramp(cc * L)], [ramp((task * G + g) * hd + cc * L)])
-    with I.parallel(0, Hkv) as kvh:
+    with I.parallel(0, n * Hkv) as row:
+        t, kvh = row // Hkv, row % Hkv
+        sh = shape(t)
+        own = I.Bind(runs(sh))
         states = [State(hd, kv.block, kv.int_bits) for _ in range(G)]
         for g, st in enumerate(states):
-            with I.serial(0, n_chunks) as c:
-                I.buffer_store(st.m, tirx.max(st.m[0], part_st[((kvh * n_chunks + c) * G + g) * 2]), [0])
-            with I.serial(0, n_chunks) as c:
-                base = (kvh * n_chunks + c) * G + g
+            with I.serial(0, own) as c:
+                I.buffer_store(st.m, tirx.max(st.m[0], part_st[((row * n_runs + c) * G + g) * 2]), [0])
+            with I.serial(0, own) as c:
+                base = (row * n_runs + c) * G + g
                 w = I.Bind(exp_f32(part_st[base * 2] - st.m[0]))
                 I.buffer_store(st.l, st.l[0] + part_st[base * 2 + 1] * w, [0])
                 for cc in range(hd // L):
                     I.buffer_store(st.acc, st.acc[ramp(cc * L)] + part_acc[ramp(base * hd + cc * L)] * bc(w), [ramp(cc * L)])
         with I.If(sh.dense == 0):
             with I.Then():
-                qy = Query(q, 0, kvh * G, G, hd, scale, kv.query_bits, kv.rotated)
+                qy = Query(q, t, kvh * G, G, hd, scale, kv.query_bits, kv.rotated)
                 thr = I.alloc_buffer((1,), "float32")
-                I.buffer_store(thr, thrs[kvh], [0])
-                widen(kv, qy, layer, kslot, vslot, kvh, sh, bounds, kvh * NBp, thr, lasts[kvh], states, sel, kvh * kv.nb,
-                      tirx.Cast("int64", n_list[kvh]), prefetch > 0, locality)
-        finish(out, 0, kvh, G, hd, states)
+                I.buffer_store(thr, thrs[row], [0])
+                widen(kv, qy, layer, kslot, vslot, kvh, sh, bounds, row * NBp, thr, lasts[row], states, sel, row * kv.nb,
+                      tirx.Cast("int64", n_list[row]), prefetch > 0, locality)
+        finish(out, t, kvh, G, hd, states)
 
 
 def _applies(req: KernelRequest) -> bool:
@@ -203,8 +230,14 @@ class _AttentionRule(Rule):
         return knobs
 
 
+def step_rows(req: KernelRequest) -> bool:
+    """Whether the request's rows must each equal a one-token step (a verification step's attention)."""
+    return req.m == 1 or bool(req.attr("step_rows"))
+
+
 class AttentionDecodeRule(_AttentionRule):
-    """One token: split-K over (KV head, key chunk) tasks, then a merge."""
+    """One token, or rows that must equal one-token steps: split-K over (row, KV head, key chunk) tasks,
+    then a merge per row in chunk order."""
 
     name = "attention_decode"
     knobs = (
@@ -218,7 +251,7 @@ class AttentionDecodeRule(_AttentionRule):
     )
 
     def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
-        return req.m == 1 and _applies(req)
+        return step_rows(req) and _applies(req)
 
     def canonical(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]) -> dict[str, int]:
         out = dict(knobs)
@@ -249,7 +282,7 @@ class AttentionPrefillRule(_AttentionRule):
     knobs = (INT_BITS,)
 
     def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
-        return req.m != 1 and _applies(req)
+        return not step_rows(req) and _applies(req)
 
     def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
         return build_attention(req, 0, dot_for(target), True, True, int_bits=knobs["int_bits"])

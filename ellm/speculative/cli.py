@@ -1,0 +1,31 @@
+"""The speculation and cache-reuse options of `ellm run` (and of commands that run an engine alike)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import EllmError
+from .config import DRAFTERS, SpeculativeConfig
+
+
+def add_speculative_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--speculative-chain", type=int, default=0, metavar="K",
+                   help="verify drafted chains of up to K tokens in one step (0: off, the default); the length "
+                        "adapts to the measured acceptance and verification cost")
+    p.add_argument("--draft", choices=DRAFTERS, default="ngram",
+                   help="where drafts come from: ngram, prompt lookup in the prompt and the text generated so far")
+    p.add_argument("--fixed-chain", action="store_true",
+                   help="always verify the whole draft (up to K), not the length the controller would choose")
+    p.add_argument("--cache-reuse", action=argparse.BooleanOptionalAction, default=True,
+                   help="reuse the KV of the longest cached prefix, decoded tokens included (default on); off, "
+                        "only prompt tokens, which reproduces a fresh run bit for bit")
+
+
+def speculative_option(a: argparse.Namespace) -> SpeculativeConfig | None:
+    if a.speculative_chain < 0:
+        raise EllmError(f"--speculative-chain must be >= 0, got {a.speculative_chain}")
+    if a.speculative_chain == 0:
+        if a.fixed_chain:
+            raise EllmError("--fixed-chain needs --speculative-chain K with K >= 1")
+        return None
+    return SpeculativeConfig(chain=a.speculative_chain, draft=a.draft, adaptive=not a.fixed_chain)

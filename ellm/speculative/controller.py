@@ -1,0 +1,89 @@
+"""How many drafted tokens to verify: the length that maximises expected tokens per unit of step cost,
+from the measured acceptance of each kind of draft and the measured cost of verifying k tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Hashable, Sequence
+
+# Acceptance counts decay by this factor per observation, so the estimate follows the text (a quoted passage
+# ends, an open answer begins); the prior is one success in two trials.
+DECAY = 0.9
+PRIOR_SUCCESS, PRIOR_TRIALS = 1.0, 2.0
+# How fast the measured verification costs move the cost curve's slope.
+COST_RATE = 0.2
+
+
+@dataclass
+class _Acceptance:
+    success: float = 0.0
+    trials: float = 0.0
+
+    def add(self, success: float, trials: float) -> None:
+        self.success = self.success * DECAY + success
+        self.trials = self.trials * DECAY + trials
+
+    @property
+    def rate(self) -> float:
+        return (self.success + PRIOR_SUCCESS) / (self.trials + PRIOR_TRIALS)
+
+
+@dataclass
+class ChainController:
+    """`curve[k]`: the cost of a verification step of k drafted tokens (k + 1 rows) over a one-token decode
+    step, k = 0 .. max_chain (curve[0] = 1), as measured once per artifact and machine (cost.py). At run
+    time the measured step times rescale the curve's slope: verification grows costlier with context as
+    attention's share of the step grows.
+
+    Acceptance is tracked per draft kind (`key`: e.g. the n-gram match length), as a per-token rate alpha
+    under a geometric model: a chain of k tokens yields 1 + alpha + ... + alpha^k tokens per step."""
+
+    curve: Sequence[float]
+    max_chain: int
+    adaptive: bool = True
+    slope: float = 1.0
+    _acc: dict[Hashable, _Acceptance] = field(default_factory=dict)
+    _decode_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.curve) < self.max_chain + 1 or self.curve[0] != 1.0:
+            raise ValueError("the cost curve needs curve[0] = 1 and one value per chain length up to max_chain")
+
+    def rate(self, key: Hashable) -> float:
+        return self._acc.setdefault(key, _Acceptance()).rate
+
+    def cost(self, k: int) -> float:
+        return 1.0 + self.slope * (self.curve[k] - 1.0)
+
+    def length(self, key: Hashable, available: int) -> int:
+        """Drafted tokens to verify, of `available` (0: decode one token instead)."""
+        top = min(available, self.max_chain)
+        if not self.adaptive or top == 0:
+            return top
+        alpha = self.rate(key)
+        best, best_value, expected = 0, 1.0, 1.0
+        for k in range(1, top + 1):
+            expected += alpha ** k
+            value = expected / self.cost(k)
+            if value > best_value:
+                best, best_value = k, value
+        return best
+
+    def accepted(self, key: Hashable, k: int, n: int) -> None:
+        """A verification of k drafted tokens accepted the first n (n + 1 trials, or k when all passed)."""
+        self._acc.setdefault(key, _Acceptance()).add(n, min(n + 1, k))
+
+    def shadow(self, key: Hashable, hit: bool) -> None:
+        """A draft that was not verified, compared with the token decoding chose instead (no cost): keeps the
+        estimate alive where the controller has backed off."""
+        self._acc.setdefault(key, _Acceptance()).add(float(hit), 1.0)
+
+    def timed(self, k: int, seconds: float) -> None:
+        """A step's measured time: k = 0 a decode step, else a verification of k drafted tokens."""
+        if k == 0:
+            self._decode_s = seconds if self._decode_s is None else 0.8 * self._decode_s + 0.2 * seconds
+            return
+        if self._decode_s is None or self.curve[k] <= 1.0:
+            return
+        seen = (seconds / self._decode_s - 1.0) / (self.curve[k] - 1.0)
+        self.slope += COST_RATE * (min(max(seen, 0.25), 4.0) - self.slope)
