@@ -272,8 +272,10 @@ def cmd_bench(a: argparse.Namespace) -> int:
     split = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
     flash = [{"on": True, "off": False}[f] if f in ("on", "off") else _bad_flash(f) for f in split(a.llama_fa)]
     llama = llama_configs(split(a.llama_build), split(a.llama_kv), flash) if vs else ()
+    if a.spec:
+        return _bench_spec(a, artifact, model, llama, log)
     cfg = BenchConfig(
-        artifact=artifact, model=model, ctxs=tuple(int(c) for c in a.ctx.split(",")), gen=a.gen, warmup=a.warmup,
+        artifact=artifact, model=model, ctxs=_ints(a.ctx or "512,2048,8000", "--ctx"), gen=a.gen or 64, warmup=a.warmup,
         repeat=a.repeat, rounds=a.rounds, threads=a.threads or (os.cpu_count() or 1), llama=llama, target=a.target,
         attention=attention_overrides(a), rope_scaling=rope_scaling_option(a),
         others=tuple(Path(p) for p in split(a.compare or "")),
@@ -285,6 +287,33 @@ def cmd_bench(a: argparse.Namespace) -> int:
         plot_report(report, a.plot)
         log(f"wrote {a.plot}")
     print(json.dumps(report, indent=1) if a.json else format_table(report))
+    return 0
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(c) for c in text.split(",") if c.strip())
+    except ValueError:
+        raise EllmError(f"{flag} takes comma-separated integers, got {text!r}") from None
+
+
+def _bench_spec(a: argparse.Namespace, artifact: Path, model: Path, llama, log) -> int:
+    from .bench.spec import SpecBenchConfig, format_spec_table, run_spec_bench
+    from .bench.spec_tasks import TASKS
+
+    if len(llama) > 1:
+        raise EllmError("--spec compares one llama.cpp configuration: give one --llama-build, --llama-kv and --llama-fa")
+    if a.tasks:
+        unknown = set(a.tasks.split(",")) - {t.name for t in TASKS}
+        if unknown:
+            raise EllmError(f"unknown task(s) {', '.join(sorted(unknown))} (tasks: {', '.join(t.name for t in TASKS)})")
+    lc = llama[0] if llama else None
+    cfg = SpecBenchConfig(
+        artifact=artifact, model=model, ctxs=_ints(a.ctx or "2048,8000", "--ctx"), gen=a.gen or 256, chain=a.chain,
+        rounds=a.rounds, threads=a.threads or (os.cpu_count() or 1), tasks=a.tasks,
+        llama_build=lc.build if lc else None, llama_kv=lc.kv_type if lc else "f16", llama_flash=lc.flash_attn if lc else True)
+    report = run_spec_bench(cfg, log=log)
+    print(json.dumps(report, indent=1) if a.json else format_spec_table(report))
     return 0
 
 
@@ -414,8 +443,15 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="decode/prefill speed vs measured memory bandwidth, optionally vs llama.cpp")
     b.add_argument("artifact", nargs="?", help="artifact directory (default: the bundled model, compiled and cached)")
     b.add_argument("--model", help="the GGUF the artifact was compiled from (for llama.cpp; default: the bundled model)")
-    b.add_argument("--ctx", default="512,2048,8000", help="comma-separated context lengths")
-    b.add_argument("--gen", type=_positive_int, default=64, help="timed decode steps per repeat")
+    b.add_argument("--ctx", default=None,
+                   help="comma-separated context lengths (default 512,2048,8000; with --spec, prompt lengths 2048,8000)")
+    b.add_argument("--gen", type=_positive_int, default=None,
+                   help="timed decode steps per repeat (default 64; with --spec, most tokens generated per task, 256)")
+    b.add_argument("--spec", action="store_true",
+                   help="speculative decoding on the task set (input-grounded and open-ended tasks): decode tokens/s "
+                        "without and with speculation, and llama.cpp's prompt lookup with --vs llama.cpp")
+    b.add_argument("--chain", type=_positive_int, default=16, help="with --spec: the longest chain (default 16)")
+    b.add_argument("--tasks", help="with --spec: comma-separated task names (default: all)")
     b.add_argument("--warmup", type=_nonneg_int, default=4, help="untimed decode steps per repeat")
     b.add_argument("--repeat", type=_positive_int, default=3)
     b.add_argument("--rounds", type=_positive_int, default=2, help="alternating rounds of the systems")

@@ -17,7 +17,10 @@ def manifest(artifact):
 
 
 def test_manifest_records_source_target_and_files(manifest, artifact, model_path):
-    assert manifest["format"] == "ellm-artifact" and manifest["format_version"] == 3
+    assert manifest["format"] == "ellm-artifact" and manifest["format_version"] == 4
+    assert {e["name"]: e["numerics"] for e in manifest["entries"]} == {
+        "prefill_all": "chunks", "prefill": "chunks", "decode": "steps", "verify": "steps"}
+    assert manifest["max_verify"] == 32
     assert manifest["source"]["sha256"] == sha256_file(model_path)
     assert manifest["config"]["n_layers"] == 30 and manifest["config"]["arch"] == "llama"
     (target,) = manifest["targets"]

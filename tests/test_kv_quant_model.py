@@ -22,6 +22,22 @@ def quant_engine(request, tmp_path_factory, model_path):
     return request.param, ellm.load(out, threads=THREADS, ctx_size=2048)
 
 
+def test_verification_rows_equal_decode_steps_with_block_selection(quant_engine, opticks_ids):
+    """Verification (speculative chains) on quantised stores, selecting 4 of ~20 candidate blocks per query
+    (sparse reads at 2K), with widening: every row equals the decode step at its position bit for bit."""
+    import ellm
+    from ellm.kv.attention import AttentionConfig
+
+    _, eng = quant_engine
+    sparse = ellm.load(eng.artifact.path, threads=THREADS, ctx_size=2048,
+                       attention=AttentionConfig(topk=4, widen=4, margin=2.0))
+    n, chain = 1900, opticks_ids[1900:1932]
+    sparse.prefill(opticks_ids[:n])
+    decoded = np.stack([sparse.decode(t).copy() for t in chain])
+    sparse.truncate(n)
+    np.testing.assert_array_equal(sparse.verify(chain), decoded)
+
+
 @pytest.fixture(scope="module")
 def opticks_ids(engine):
     return engine.tokenizer.encode(opticks().read_text()[:20000])

@@ -186,7 +186,7 @@ def compile_model(
             "attention": _planned_attention(plan).to_dict(),  # the read budget it was planned for
             "prefetch": options.prefetch,
             "entries": [{"name": e.name, "tokens": e.m, "logits": "last" if e.last_only else "all",
-                         "numerics": "steps" if e.steps else "chunks"} for e in ENTRIES],
+                         "numerics": "steps" if e.steps or e.m == 1 else "chunks"} for e in ENTRIES],
             "max_verify": MAX_VERIFY,
             "max_chunk": options.max_chunk,
             "params": table,

@@ -1,0 +1,121 @@
+"""One system's run of the speculation task set at one prompt length, in its own process: every task
+without and with speculation, alternating, the generated tokens and their decode rate.
+
+    python -m ellm.bench.spec_worker ellm --artifact DIR --ctx N --gen G --chain K --rounds R --threads T
+    python -m ellm.bench.spec_worker llama.cpp --model GGUF --llama-path DIR --ctx N --gen G --rounds R --threads T
+
+Both greedy, both stop at the model's end-of-generation tokens. The decode rate counts the tokens after the
+first over the time from the first to the last (prefill and time to first token excluded). Prints one JSON
+object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def _tasks(names: str | None):
+    from .spec_tasks import TASKS, task
+
+    return [task(n) for n in names.split(",")] if names else list(TASKS)
+
+
+def run_ellm(a) -> dict:
+    import ellm
+    from ellm.speculative import SpeculativeConfig
+
+    eng = ellm.load(a.artifact, threads=a.threads, ctx_size=a.ctx + a.gen + 64)
+    spec = SpeculativeConfig(chain=a.chain)
+    rows = []
+    for t in _tasks(a.tasks):
+        ids = t.prompt(eng.tokenizer, a.ctx)
+        runs: dict[str, list] = {"plain": [], "spec": []}
+        outs = {}
+        for _ in range(a.rounds):  # the prompt is prefilled once: later calls reuse its KV exactly
+            for mode in ("plain", "spec"):
+                out = eng.generate(ids, a.gen, speculative=spec if mode == "spec" else None, cache_reuse=False)
+                st = eng.stats
+                outs[mode] = out
+                runs[mode].append({"tok_s": st.decode_tok_s, "tokens": len(out), "verify_steps": st.verify_steps,
+                                   "decode_steps": st.decode_steps, "drafted": st.drafted, "accepted": st.accepted})
+        rows.append({"task": t.name, "grounded": t.grounded, "prompt_tokens": len(ids), "runs": runs,
+                     "identical": outs["plain"] == outs["spec"]})
+    return {"tasks": rows, "target": eng.target, "chain": a.chain}
+
+
+def run_llama_cpp(a) -> dict:
+    if a.llama_path:
+        sys.path.insert(0, a.llama_path)
+    import llama_cpp
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    from ellm.compiler.gguf_file import GGUFFile
+    from ellm.runtime.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(GGUFFile(a.model))  # the same token ids eLLM runs
+    kv = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}[a.kv_type]
+    lookup = LlamaPromptLookupDecoding(num_pred_tokens=a.lookup_tokens)
+    # a draft model at construction keeps every row's logits, which verification needs
+    llm = Llama(a.model, n_ctx=a.ctx + a.gen + 64, n_threads=a.threads, n_threads_batch=a.threads, n_batch=512,
+                flash_attn=a.flash_attn, type_k=kv, type_v=kv, verbose=False, draft_model=lookup)
+    stop = set(tok.info.eog_ids)
+
+    def generate(ids) -> tuple[list[int], float]:
+        out: list[int] = []
+        t_first = t_last = 0.0
+        for x in llm.generate(ids, temp=0.0, repeat_penalty=1.0):  # reuses the cached prompt but its last token
+            t_last = time.perf_counter()
+            if not out:
+                t_first = t_last
+            out.append(int(x))
+            if x in stop or len(out) >= a.gen:
+                break
+        return out, (len(out) - 1) / (t_last - t_first) if len(out) > 1 else float("nan")
+
+    rows = []
+    for t in _tasks(a.tasks):
+        ids = t.prompt(tok, a.ctx)
+        llm.reset()
+        llm.eval(ids)  # the prompt once
+        runs: dict[str, list] = {"plain": [], "spec": []}
+        outs = {}
+        for _ in range(a.rounds):
+            for mode in ("plain", "spec"):
+                llm.draft_model = lookup if mode == "spec" else None
+                out, rate = generate(ids)
+                outs[mode] = out
+                runs[mode].append({"tok_s": rate, "tokens": len(out)})
+        rows.append({"task": t.name, "grounded": t.grounded, "prompt_tokens": len(ids), "runs": runs,
+                     "identical": outs["plain"] == outs["spec"]})
+    return {"tasks": rows, "llama_cpp_python": llama_cpp.__version__, "lookup_tokens": a.lookup_tokens,
+            "kv_type": a.kv_type, "flash_attn": a.flash_attn}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("system", choices=["ellm", "llama.cpp"])
+    ap.add_argument("--artifact")
+    ap.add_argument("--model")
+    ap.add_argument("--llama-path")
+    ap.add_argument("--ctx", type=int, required=True)
+    ap.add_argument("--gen", type=int, default=256)
+    ap.add_argument("--chain", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--tasks", help="comma-separated task names (default: all)")
+    ap.add_argument("--kv-type", choices=["f16", "q8_0"], default="f16")
+    ap.add_argument("--no-flash-attn", dest="flash_attn", action="store_false")
+    ap.add_argument("--lookup-tokens", type=int, default=10, help="llama.cpp: LlamaPromptLookupDecoding num_pred_tokens")
+    a = ap.parse_args()
+    out = (run_ellm if a.system == "ellm" else run_llama_cpp)(a)
+    out.update(system=a.system, ctx=a.ctx, threads=a.threads, gen=a.gen, rounds=a.rounds)
+    json.dump(out, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
