@@ -12,7 +12,7 @@ artifact below uses a float32 KV cache, so the difference is the matmul arithmet
 * int8 activations (`--activations int8`, as llama.cpp's Q8 dot products), eps = 5: rounding to 1/127
   of the group's largest value (0.4%) moves logits by up to a few units: measured 3.4 (mean 0.21, top-1
   96.7%); llama.cpp shows 2.5 on the same model. Top-1 must agree wherever the margin exceeds 1.0.
-* the default (`auto`: int16 steps, int8 chunks): teacher-forced logits come from chunks, so the int8 bound.
+* the default (`auto`: int8 steps and chunks, as llama.cpp): the int8 bound.
 
 The engine of these tests (int16 throughout, float16 KV cache) is compared against a reference that rounds K and V
 through float16 too, eps = 0.05: rounding is discontinuous, so an element within float32 error of a

@@ -106,12 +106,19 @@ def _asm_of(artifact_dir) -> str:
     return out.stdout
 
 
-@pytest.mark.parametrize("preset,steps", [("sapphirerapids", "int16"), ("znver4", "int16"), ("cascadelake", "int16"),
-                                          ("skylake-avx512", "int16"), ("x86-64-v3", "int8"), ("znver3", "int8"),
-                                          ("alderlake", "int8")])
-def test_auto_activations_follow_the_dot_product_width(preset, steps):
-    """One-token steps keep 16-bit activations where dot products are 512 bits wide; 256-bit classes are
-    compute-bound with them and take 8-bit ones; chunks take 8-bit ones wherever there is an integer path."""
+@pytest.mark.parametrize("preset,attention_bits", [("sapphirerapids", 16), ("znver4", 16), ("cascadelake", 16),
+                                                   ("skylake-avx512", 16), ("x86-64-v3", 8), ("znver3", 8),
+                                                   ("alderlake", 8)])
+def test_auto_activations_are_8_bit_and_attention_keeps_its_own_rounding(preset, attention_bits):
+    """Steps and chunks take 8-bit activations wherever there is an integer path (verification steps round as
+    one-token steps do, and are compute-bound); attention rounds to 16 bits where dot products are 512 bits
+    wide, 8 with 256-bit ones."""
+    from ellm.compiler.build import CompileOptions
+    from ellm.compiler.compile_target import pass_context
     from ellm.compiler.pass_context import auto_activations
 
-    assert auto_activations(resolve_target(preset)) == (steps, "int8")
+    target = resolve_target(preset)
+    assert auto_activations(target) == ("int8", "int8")
+    ctx = pass_context(CompileOptions(target=preset), target)
+    assert (ctx.activations, ctx.chunk_activations, ctx.attention_bits) == ("int8", "int8", attention_bits)
+    assert pass_context(CompileOptions(target=preset, activations="int8"), target).attention_bits is None

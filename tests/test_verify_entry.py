@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from synthetic import write_model
 
-from ellm.compiler.build import CompileOptions, build_graph, compile_model
+from ellm.compiler.build import CompileOptions, compile_model
 from ellm.compiler.gguf_file import GGUFFile
 from ellm.compiler.lower import ENTRIES, lower
 from ellm.config import ModelConfig
@@ -22,22 +22,31 @@ def tiny(tmp_path_factory):
     return write_model(tmp_path_factory.mktemp("m") / "tiny.gguf")
 
 
-def _graph(tiny, activations="auto"):
+def _graph(tiny, steps=None, chunks=None):
+    """SmolLM2-like tiny graph for AVX-512; `steps`/`chunks`: activation precisions where they differ from auto's."""
+    from dataclasses import replace
+
+    from ellm.compiler.compile_target import pass_context
+    from ellm.compiler.import_llama import import_llama
+    from ellm.compiler.pipeline import run_pipeline
+
     gf = GGUFFile(tiny)
-    _, g = build_graph(gf, ModelConfig.from_gguf(gf), CompileOptions(activations=activations), ZEN4)
-    return g
+    ctx = pass_context(CompileOptions(), ZEN4)
+    ctx = replace(ctx, activations=steps or ctx.activations, chunk_activations=chunks or ctx.chunk_activations)
+    return run_pipeline(import_llama(gf, ModelConfig.from_gguf(gf)), ctx)
 
 
 def test_verification_takes_the_one_token_steps_numerics_and_attention(tiny):
-    """auto on AVX-512: 16-bit activations in one-token steps, 8-bit in chunks. Verification rows take the
-    steps' 16 bits, and decode's split-K attention rule (its rows must merge partial sums as decode does)."""
-    kernels = lower(_graph(tiny), ZEN4, entries=VERIFY).kernels
+    """With 16-bit activations in one-token steps and 8-bit ones in chunks (as a precision plan may choose),
+    verification rows take the steps' 16 bits, and decode's split-K attention rule (its rows must merge partial
+    sums as decode does)."""
+    kernels = lower(_graph(tiny, "int16", "int8"), ZEN4, entries=VERIFY).kernels
     matmuls = [k for k in kernels if k.req.weight_shape is not None and k.req.attr("act_bits") is not None]
     assert matmuls and {k.req.attr("act_bits") for k in matmuls} == {16}
     assert all(k.req.m is None for k in kernels)
     attention = [k for k in kernels if k.req.kind.value == "attention"]
     assert attention and {k.rule for k in attention} == {"attention_decode"}
-    chunks = lower(_graph(tiny), ZEN4, entries=[e for e in ENTRIES if e.name == "prefill"]).kernels
+    chunks = lower(_graph(tiny, "int16", "int8"), ZEN4, entries=[e for e in ENTRIES if e.name == "prefill"]).kernels
     assert {k.rule for k in chunks if k.req.kind.value == "attention"} == {"attention"}
     assert {k.req.attr("act_bits") for k in chunks if k.req.weight_shape is not None and k.req.m is None} - {None} == {8}
 

@@ -35,9 +35,10 @@ BUILDS: dict[str, LlamaBuild] = {
     for b in (
         LlamaBuild("native", "-DGGML_NATIVE=ON", "llama.cpp built for this CPU (GGML_NATIVE)"),
         # AVX-512 VNNI without AMX: where the native build's AMX path does not run (on the Emerald Rapids VM of the
-        # README its ggml_backend_amx_mul_mat stops with SIGILL at the first tileloadd)
+        # README its ggml_backend_amx_mul_mat stops with SIGILL at the first tileloadd). Without AVX-VNNI (the
+        # 256-bit VEX form): AMD's Zen 4 has AVX-512 VNNI but not AVX-VNNI, and a build with it stops with SIGILL
         LlamaBuild("avx512", "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON "
-                   "-DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON",
+                   "-DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON",
                    "llama.cpp built for AVX-512 VNNI (AMX off)"),
         LlamaBuild("avx2", "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF",
                    "llama.cpp built for AVX2 (AVX-512 off)"),

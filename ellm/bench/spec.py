@@ -5,6 +5,7 @@ system in its own process, each task's two modes alternating within it."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -40,6 +41,9 @@ class SpecBenchConfig:
 
 def _run(cmd: list[str], what: str) -> dict:
     proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode < 0:
+        raise EllmError(f"{what} was killed by {signal.Signals(-proc.returncode).name}"
+                        + (" (an instruction this CPU lacks: another build?)" if proc.returncode == -signal.SIGILL else ""))
     if proc.returncode != 0:
         raise EllmError(f"{what} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
     return json.loads(proc.stdout)

@@ -60,9 +60,9 @@ def run_llama_cpp(a) -> dict:
     tok = Tokenizer.from_gguf(GGUFFile(a.model))  # the same token ids eLLM runs
     kv = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}[a.kv_type]
     lookup = LlamaPromptLookupDecoding(num_pred_tokens=a.lookup_tokens)
-    # a draft model at construction keeps every row's logits, which verification needs
+    # verification needs every row's logits: a draft model at construction and logits_all (which sizes the buffer)
     llm = Llama(a.model, n_ctx=a.ctx + a.gen + 64, n_threads=a.threads, n_threads_batch=a.threads, n_batch=512,
-                flash_attn=a.flash_attn, type_k=kv, type_v=kv, verbose=False, draft_model=lookup)
+                flash_attn=a.flash_attn, type_k=kv, type_v=kv, verbose=False, draft_model=lookup, logits_all=True)
     stop = set(tok.info.eog_ids)
 
     def generate(ids) -> tuple[list[int], float]:

@@ -15,6 +15,7 @@ from .gguf_file import GGUFFile
 from .graph import Graph
 from .import_llama import import_llama
 from .inspect import decode_weight_bytes
+from ..schedules.attention import default_int_bits
 from .lower import MAX_VERIFY, Lowered, lower
 from .pass_context import ACTIVATIONS, KVOptions, PassContext, auto_activations
 from .pipeline import enabled_passes, run_pipeline
@@ -108,16 +109,18 @@ def step_tokens(options: TargetOptions) -> int:
 
 def pass_context(options: TargetOptions, preset: TargetPreset, plan: PrecisionPlan | None = None) -> PassContext:
     activations = chunks = options.activations
+    attention_bits = None
     if activations == "auto" and plan is not None and plan.activations is not None and preset.isa is not None:
         activations = chunks = plan.activations
     elif activations == "auto":
         activations, chunks = auto_activations(preset)
+        attention_bits = default_int_bits(preset)  # 8-bit matmul activations keep attention's own default
     elif activations != "f32" and preset.isa is None:
         raise EllmError(f"{activations} activations need integer dot products (AVX2 or later), which target {preset.name} lacks")
     assert activations in ACTIVATIONS
     kv = KVOptions(parse_kv_type(options.cache_type_k), parse_kv_type(options.cache_type_v), options.kv_block,
                    options.kv_recent, step_tokens(options), *kv_store_fields(options.kv_store))
-    return PassContext(preset, activations, chunks, kv, plan)
+    return PassContext(preset, activations, chunks, kv, plan, attention_bits)
 
 
 def build_graph(gf: GGUFFile, cfg: ModelConfig, options: TargetOptions, preset: TargetPreset,
@@ -157,7 +160,7 @@ class TargetBuild:
             "tvm": p.target_json(),
             "required_cpu_features": p.required_cpu_features,
             "kernels_file": self.kernels_file,
-            "activations": self.activations,  # {"steps": ..., "chunks": ...}
+            "activations": self.activations,  # {"steps": ..., "chunks": ..., "attention_bits": ...}
             "decode_weight_bytes": decode_weight_bytes(self.graph),
             "graph": {
                 "passes": enabled_passes(options.disable_passes, options.enable_passes),
@@ -185,5 +188,6 @@ def compile_target(graphs: tuple[Graph, Graph], options: TargetOptions, preset: 
     log(f"target {preset.name} ({preset.isa.label if preset.isa else 'float'}): "
         f"compiled {len(lowered.kernels)} kernels in {timings['tvm_compile']:.1f}s")
     ctx = pass_context(options, preset, plan)
-    activations = {"steps": ctx.activations, "chunks": ctx.chunk_activations}
+    activations = {"steps": ctx.activations, "chunks": ctx.chunk_activations,
+                   "attention_bits": str(ctx.attention_bits or (8 if ctx.activations == "int8" else 16))}
     return TargetBuild(preset, activations, g0, g, lowered, executable, timings)

@@ -15,20 +15,23 @@ ACTIVATIONS = ("int8", "int16", "f32")
 
 
 def auto_activations(target: TargetPreset) -> tuple[str, str]:
-    """`--activations auto`: (one-token steps, multi-token chunks) on `target`.
+    """`--activations auto`: (one-token steps, multi-token chunks) on `target`: 8-bit activations, per 32
+    inputs (llama.cpp's choice is per 256), for both.
 
-    Chunks are compute-bound: 8-bit activations (llama.cpp's choice, at a finer scale: per 32 inputs, not 256)
-    halve their dot products. One-token steps are bandwidth-bound where 512-bit dot products keep up with
-    16-bit activations (two int8 halves, twice the dot products, near-float accuracy). With 256-bit ones they
-    do not: two cores run a SmolLM2 FFN GEMV at 19 GB/s from cache with 16-bit activations (26 GB/s with
-    8-bit) against 24 GB/s from DRAM (Emerald Rapids, x86-64-v3), so those steps take 8-bit ones too.
-    """
+    Chunks are compute-bound: 8-bit activations halve their dot products against 16-bit ones (two int8 halves).
+    So are a speculative chain's verification steps, whose rows must round as one-token steps do (the verify
+    entry equals decode bit for bit, so greedy speculation changes no token): with 16-bit step activations a
+    step of 8 tokens cost 3.0x a decode step on SmolLM2 (Zen 4, 2 cores), with 8-bit ones 2.1x. One-token
+    steps themselves are bandwidth-bound and decode as fast either way where 512-bit dot products keep up
+    (measured within noise: 1.15x at 512 tokens, 0.95x at 8000); with 256-bit ones 16-bit steps do not keep
+    up (a SmolLM2 FFN GEMV at 19 GB/s from cache against 24 GB/s from DRAM, Emerald Rapids, x86-64-v3).
+    `--activations int16` keeps near-float matmuls (README, "Precision")."""
     from ..schedules.intdot import dot_for
 
     dot = dot_for(target)
     if dot is None:
         return "f32", "f32"
-    return ("int16" if dot.width == 512 else "int8"), "int8"
+    return "int8", "int8"
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,9 @@ class PassContext:
     kv: KVOptions = field(default_factory=KVOptions)
     # storage types below the source's, per weight and KV layer (None: weights as the GGUF stores them)
     precision: PrecisionPlan | None = None
+    # bits attention's integer dot products round the query and the value weights to (None: those of the
+    # one-token matmuls' activations, 16 for int16 and 8 for int8)
+    attention_bits: int | None = None
 
     def __post_init__(self) -> None:
         if self.chunk_activations is None:
@@ -67,6 +73,8 @@ class PassContext:
                 raise ValueError(f"activations must be one of {ACTIVATIONS}, got {a!r}")
         if (self.activations == "f32") != (self.chunk_activations == "f32"):
             raise ValueError("steps and chunks both use integer activations, or both float")
+        if self.attention_bits not in (None, 8, 16):
+            raise ValueError(f"attention_bits must be 8 or 16, got {self.attention_bits}")
 
     @property
     def integer(self) -> bool:

@@ -21,16 +21,18 @@ def is_reference(art: Artifact) -> bool:
 
 
 def activations_of(art: Artifact) -> str:
-    """The --activations value that compiles the artifact's target as it was compiled (steps and chunks alike:
-    that value; else what auto chose for the target)."""
+    """The --activations value that compiles the artifact's target as it was compiled: auto where that is what
+    auto chooses for the target (matmuls and attention's own rounding), else the steps' and chunks' one."""
     from ..compiler.pass_context import auto_activations
+    from ..schedules.attention import default_int_bits
     from ..targets import resolve_target
 
     a = art.target["activations"]
-    if a["steps"] == a["chunks"]:
-        return a["steps"]
-    assert (a["steps"], a["chunks"]) == auto_activations(resolve_target(art.target["preset"])), a
-    return "auto"
+    preset = resolve_target(art.target["preset"])
+    if (a["steps"], a["chunks"]) == auto_activations(preset) and a.get("attention_bits") == str(default_int_bits(preset)):
+        return "auto"
+    assert a["steps"] == a["chunks"], a
+    return a["steps"]
 
 
 def reference_artifact(path: Path, model: str | None, log=print) -> Path:

@@ -215,10 +215,9 @@ INT_BITS = Knob("int_bits", 16, (8, 16), "bits the query and the value weights a
 
 
 def default_int_bits(target: TargetPreset) -> int:
-    """For requests that do not say (compiled models do: the plan_kv_cache pass follows the step activations):
+    """For requests that do not say, and compiled models with `--activations auto` (the plan_kv_cache pass):
     16 where dot products are 512 bits wide; 8 with 256-bit ones, where attention at long context is
-    compute-bound and 16-bit factors (two int8 halves) double its dot products, as auto_activations splits
-    the one-token matmuls."""
+    compute-bound and 16-bit factors (two int8 halves) double its dot products."""
     dot = dot_for(target)
     return 16 if dot is None or dot.width == 512 else 8
 

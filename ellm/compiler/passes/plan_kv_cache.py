@@ -3,8 +3,9 @@ the cache which storage class its layer uses (kernels are specialised per class)
 types come from the precision plan where apply_precision_plan recorded one, else from the KV options.
 
 Attention also gets the precision its integer dot products round the query and the value weights to
-(`int_bits`): that of the one-token matmuls' activations (16 for int16, 8 for int8), so `--activations`
-sets every integer factor of a step and prefill attention rounds as decode does."""
+(`int_bits`): the pass context's attention bits (`--activations auto`: 16 with 512-bit dot products, 8 with
+256-bit ones), else that of the one-token matmuls' activations (16 for int16, 8 for int8), so an explicit
+`--activations` sets every integer factor of a step. Prefill attention rounds as decode does."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def plan_kv_cache(g: Graph, ctx: PassContext) -> Graph:
         plan = KVPlan.uniform(int(L), int(Hkv), int(hd), kv.k, kv.v, kv.max_chunk, kv.block, kv.recent, kv.pinned,
                               kv.rotate_k)
     key = plan.key()
-    int_bits = 8 if ctx.activations == "int8" else 16
+    int_bits = ctx.attention_bits or (8 if ctx.activations == "int8" else 16)
     g.set_op("kv_cache", g.op("kv_cache").with_attrs(kv_plan=key))
     for name in g.names():
         op = g.op(name)
