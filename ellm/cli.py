@@ -160,8 +160,13 @@ def generate_and_report(eng, text: str, a: argparse.Namespace) -> int:
 
     from .speculative.cli import speculative_option
 
+    spec = speculative_option(a)
+    if a.prompt_cache and Path(a.prompt_cache).exists():
+        eng.load_session(a.prompt_cache)
     new = eng.generate(ids, a.n_predict, temperature=a.temp, seed=a.seed, on_token=on_token, progress=prefill_progress(),
-                       speculative=speculative_option(a), cache_reuse=a.cache_reuse)
+                       speculative=spec, cache_reuse=a.cache_reuse)
+    if a.prompt_cache:
+        eng.save_session(a.prompt_cache)
     st = eng.stats
     text_out = tok.decode([x for x in new if not tok.is_eog(x)])
     if a.json:

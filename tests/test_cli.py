@@ -31,6 +31,30 @@ def test_run_chat_from_file(artifact, tmp_path):
     assert "4" in out["text"]
 
 
+def test_run_speculative_with_a_prompt_cache(artifact, tmp_path):
+    """Speculation's statistics in --json; a prompt cache that the next run extends; a corrupt one refused with
+    one line and exit status 2, the file left as it was."""
+    cache = tmp_path / "session.kv"
+    prompt = "one two three four five six seven eight nine ten " * 6
+    args = ["-n", "24", "--json", "--threads", "2", "--ctx-size", "512", "--prompt-cache", cache]
+    p = ellm("run", artifact, "-p", prompt, "--speculative-chain", "8", *args)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert {"accept_rate", "mean_accepted", "verify_steps", "reused_tokens"} <= set(out)
+    assert out["verify_steps"] > 0 and out["reused_tokens"] == 0 and cache.is_file()
+    again = ellm("run", artifact, "-p", prompt + "eleven twelve", *args)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["reused_tokens"] == out["prompt_tokens"] - 1
+    blob = bytearray(cache.read_bytes())
+    blob[len(blob) // 2] ^= 0x55
+    cache.write_bytes(bytes(blob))
+    bad = ellm("run", artifact, "-p", prompt, *args)
+    assert bad.returncode == 2
+    lines = bad.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: prompt cache") and "checksum" in lines[0]
+    assert cache.read_bytes() == bytes(blob)
+
+
 def test_demo(tmp_path):
     import os
 

@@ -191,3 +191,50 @@ def test_reused_decoded_kv_is_within_the_stated_bound_of_a_fresh_prefill(engine,
 
 
 REUSE_BOUND = 0.05  # 3x the measured 0.015
+
+
+def test_a_saved_session_continues_with_the_same_logits(engine, real_ids, tmp_path):
+    """Saved, then restored into another engine of the same artifact: the next step's logits equal the
+    original engine's bit for bit (the state is copied, not recomputed), and the turn reuses it."""
+    import ellm
+
+    path = tmp_path / "session.kv"
+    engine.reset()
+    reply = engine.generate(real_ids[:700], 40, stop_at_eog=False)
+    size = engine.save_session(path)
+    assert size == path.stat().st_size and engine.kv_bytes() / 2 > size  # only the blocks in use
+    nxt = real_ids[700:720]
+    conv = real_ids[:700] + reply + nxt
+    expected = engine.prefill(conv[engine.n_cached :], all_logits=True).copy()
+    other = ellm.load(engine.artifact.path, threads=THREADS, ctx_size=1024)
+    assert other.load_session(path) == len(real_ids[:700]) + len(reply) - 1
+    np.testing.assert_array_equal(other.prefill(conv[other.n_cached :], all_logits=True), expected)
+    other.load_session(path)
+    other.generate(conv, 4)
+    assert other.stats.reused_tokens == len(real_ids[:700]) + len(reply) - 1
+
+
+def test_a_corrupt_or_foreign_session_is_refused_with_one_line(engine, real_ids, tmp_path):
+    from ellm.errors import EllmError
+
+    path = tmp_path / "s.kv"
+    engine.reset()
+    engine.prefill(real_ids[:100])
+    engine.save_session(path)
+    blob = bytearray(path.read_bytes())
+    blob[-5] ^= 0xFF
+    bad = tmp_path / "bad.kv"
+    bad.write_bytes(bytes(blob))
+    n = engine.n_cached
+    with pytest.raises(EllmError, match="checksum"):
+        engine.load_session(bad)
+    assert engine.n_cached == n  # untouched
+    (tmp_path / "junk.kv").write_bytes(b"hello")
+    with pytest.raises(EllmError, match="not an eLLM session"):
+        engine.load_session(tmp_path / "junk.kv")
+    import ellm
+    from ellm.speculative import SpeculativeConfig  # noqa: F401
+
+    small = ellm.load(engine.artifact.path, threads=THREADS, ctx_size=64)
+    with pytest.raises(EllmError, match="more than the context"):
+        small.load_session(path)

@@ -184,6 +184,18 @@ class Engine:
     def reset(self) -> None:
         self.truncate(0)
 
+    def save_session(self, path) -> int:
+        """The KV state and the tokens it holds, to a file (runtime/session.py); the bytes written."""
+        from .session import save_session
+
+        return save_session(self, path)
+
+    def load_session(self, path) -> int:
+        """Continue from a saved session (the same artifact); the number of cached tokens."""
+        from .session import load_session
+
+        return load_session(self, path)
+
     def kv_bytes(self) -> int:
         """Bytes allocated for the KV state (ring and stores)."""
         return sum(int(np.prod(t.shape)) * np.dtype(str(t.dtype)).itemsize for t in self._kv_tensors)

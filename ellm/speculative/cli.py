@@ -19,6 +19,9 @@ def add_speculative_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-reuse", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse the KV of the longest cached prefix, decoded tokens included (default on); off, "
                         "only prompt tokens, which reproduces a fresh run bit for bit")
+    p.add_argument("--prompt-cache", metavar="FILE",
+                   help="start from the session saved in FILE (if it exists; the same artifact) and save the session "
+                        "there afterwards: a later run with a prompt that extends this one computes only what is new")
 
 
 def speculative_option(a: argparse.Namespace) -> SpeculativeConfig | None:
