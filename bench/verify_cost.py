@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 
-import numpy as np
-
 
 def main() -> None:
     ap = argparse.ArgumentParser()

@@ -233,7 +233,6 @@ def test_a_corrupt_or_foreign_session_is_refused_with_one_line(engine, real_ids,
     with pytest.raises(EllmError, match="not an eLLM session"):
         engine.load_session(tmp_path / "junk.kv")
     import ellm
-    from ellm.speculative import SpeculativeConfig  # noqa: F401
 
     small = ellm.load(engine.artifact.path, threads=THREADS, ctx_size=64)
     with pytest.raises(EllmError, match="more than the context"):
