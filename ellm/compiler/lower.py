@@ -35,7 +35,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("prefill_all", None, False),  # teacher-forced logits
     Entry("prefill", None, True),  # prompt chunks
     Entry("decode", 1, True),  # one token
-    Entry("verify", None, False, steps=True),  # a speculative chain (runtime/speculative.py)
+    Entry("verify", None, False, steps=True),  # a speculative chain (speculative/chain.py)
 )
 
 

@@ -262,7 +262,7 @@ class Engine:
     def verify(self, ids: Sequence[int]) -> np.ndarray:
         """Append `ids` in one step whose rows are computed as one-token steps: logits [len(ids), vocab],
         row i equal bit for bit to what decode would return for ids[i] after ids[:i] (a speculative chain's
-        verification, runtime/speculative.py). At most the artifact's max_verify tokens."""
+        verification, speculative/chain.py). At most the artifact's max_verify tokens."""
         set_threads(self.threads)
         arr = self._check_ids(ids)
         if not 1 <= arr.size <= self.max_verify:
@@ -293,7 +293,7 @@ class Engine:
         included, so a conversation's next turn computes only its new message. Decoded tokens' KV was
         computed by one-token steps, whose activations may be rounded differently from a prompt chunk's
         (`ellm compile --activations`): the next turn's logits are then close to, not bit-equal to, a fresh
-        run's (README, "Speculative decoding"). Off, only prompt tokens written by prefill are reused, which
+        run's (README, "Speculative decoding and cache reuse"). Off, only prompt tokens written by prefill are reused, which
         reproduces a fresh run bit for bit (a prefill step's result does not depend on how it was chunked).
 
         `speculative`: draft and verify chains (speculative/). Greedy output is token for token the output

@@ -8,7 +8,8 @@ vector is loaded and converted once for G heads), with one online-softmax update
 both sums over codes run in int32 with vpdpbusd: the query times the key scales, and the weights
 p_j scale_j, rounded to 16 bits per block (two int8 halves), against codes laid out 4 channels (keys) or
 4 keys (values) per 32-bit lane. Single-token decode splits the blocks into chunks across threads
-(split-K), prefetching the stored block ahead, and merges the partial softmax states. Query t of a step
+(split-K), prefetching the stored block ahead, and merges the partial softmax states; a verification step
+runs that per row, so its rows equal decode steps bit for bit. Query t of a step
 sits at position pos + t and sees positions 0 .. pos + t; it reads block b from the float16 ring when
 b > (pos + t) // B - recent, else from the store.
 """
