@@ -9,7 +9,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, NoReturn, Sequence
+from typing import Callable, NoReturn, Sequence
 
 import numpy as np
 
@@ -36,7 +36,6 @@ class GenerationStats:
     verify_steps: int = 0  # verification steps of speculative chains
     drafted: int = 0  # drafted tokens verified
     accepted: int = 0  # of them, accepted
-    controller: Any = None  # the speculative chain controller, for its acceptance estimates
 
     @property
     def accept_rate(self) -> float:
@@ -382,4 +381,3 @@ class Engine:
         assert self._curve is not None
         controller = ChainController(self._curve, min(cfg.chain, self.max_verify - 1), cfg.adaptive)
         run_chain(self, context, first, emit, stats, cfg, controller, temperature, rng, remaining)
-        stats.controller = controller

@@ -31,12 +31,12 @@ def _config_digest(eng: Engine) -> str:
 
 
 def _used(spec, arr: np.ndarray, n_blocks: int) -> np.ndarray:
-    """The part of a state tensor a session needs: stores only their first n_blocks along "NB"."""
-    shape = spec.shape
-    if "NB" not in shape:
+    """The part of a state tensor a session needs (a view): stores only their first n_blocks along "NB"."""
+    if "NB" not in spec.shape:
         return arr
-    axis = shape.index("NB")
-    return np.take(arr, np.arange(n_blocks), axis=axis)
+    index = [slice(None)] * arr.ndim
+    index[spec.shape.index("NB")] = slice(0, n_blocks)
+    return arr[tuple(index)]
 
 
 def save_session(eng: Engine, path: str | Path) -> int:
@@ -99,22 +99,16 @@ def load_session(eng: Engine, path: str | Path) -> int:
     specs = eng.kv_plan.state_tensors()
     if len(header["tensors"]) != len(specs):
         raise _refuse(path, "its tensors do not match the artifact's KV cache")
-    arrays = []
+    n_blocks = eng.kv_plan.n_blocks(max(len(tokens), 1))
+    copies = []
     for spec, rec, t in zip(specs, header["tensors"], eng._kv_tensors):
-        dest = np.from_dlpack(t)
-        want = _used(spec, dest, eng.kv_plan.n_blocks(max(len(tokens), 1))).shape
-        if rec["name"] != spec.name or tuple(rec["shape"]) != want or rec["dtype"] != str(dest.dtype):
+        dest = _used(spec, np.from_dlpack(t), n_blocks)
+        if rec["name"] != spec.name or tuple(rec["shape"]) != dest.shape or rec["dtype"] != str(dest.dtype):
             raise _refuse(path, f"tensor {rec['name']} does not match the artifact's KV cache")
-        src = np.frombuffer(payload, dtype=dest.dtype, count=int(np.prod(want)), offset=rec["offset"]).reshape(want)
-        arrays.append((spec, dest, src))
-    for spec, dest, src in arrays:  # only once everything checked: a refused file leaves the engine as it was
-        if "NB" in spec.shape:
-            axis = spec.shape.index("NB")
-            index = [slice(None)] * dest.ndim
-            index[axis] = slice(0, src.shape[axis])
-            dest[tuple(index)] = src
-        else:
-            dest[...] = src
+        src = np.frombuffer(payload, dtype=dest.dtype, count=dest.size, offset=rec["offset"]).reshape(dest.shape)
+        copies.append((dest, src))
+    for dest, src in copies:  # only once everything checked: a refused file leaves the engine as it was
+        dest[...] = src
     eng._cache.tokens = [int(x) for x in tokens]
     eng._cache.exact = int(header["exact"])
     eng._cache.hi_block = int(header["hi_block"])
