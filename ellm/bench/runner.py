@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -89,9 +90,17 @@ def _worker(system: str, cfg: BenchConfig, ctx: int, llama: LlamaConfig | None =
             cmd += ["--target", cfg.target]
     if llama is not None:
         cmd += ["--llama-path", str(llama_path), "--kv-type", llama.kv_type] + ([] if llama.flash_attn else ["--no-flash-attn"])
+    return run_worker(cmd, f"{system} benchmark at context {ctx}")
+
+
+def run_worker(cmd: list[str], what: str) -> dict:
+    """Run a benchmark worker process; its JSON report, or one line saying how it failed."""
     proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode < 0:
+        raise EllmError(f"{what} was killed by {signal.Signals(-proc.returncode).name}"
+                        + (" (an instruction this CPU lacks: another build?)" if proc.returncode == -signal.SIGILL else ""))
     if proc.returncode != 0:
-        raise EllmError(f"{system} benchmark at context {ctx} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+        raise EllmError(f"{what} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
     return json.loads(proc.stdout)
 
 

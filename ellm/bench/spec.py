@@ -4,9 +4,6 @@ system in its own process, each task's two modes alternating within it."""
 
 from __future__ import annotations
 
-import json
-import signal
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +13,7 @@ import numpy as np
 
 from ..errors import EllmError
 from ..targets import detect_host
+from .runner import run_worker
 
 
 @dataclass(frozen=True)
@@ -37,16 +35,6 @@ class SpecBenchConfig:
             raise EllmError("--spec needs prompt lengths of at least 256 tokens")
         if not 1 <= self.chain <= 31:
             raise EllmError(f"--chain must be between 1 and 31, got {self.chain}")
-
-
-def _run(cmd: list[str], what: str) -> dict:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode < 0:
-        raise EllmError(f"{what} was killed by {signal.Signals(-proc.returncode).name}"
-                        + (" (an instruction this CPU lacks: another build?)" if proc.returncode == -signal.SIGILL else ""))
-    if proc.returncode != 0:
-        raise EllmError(f"{what} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
-    return json.loads(proc.stdout)
 
 
 def _summary(system: str, ctx: int, row: dict) -> dict:
@@ -79,7 +67,7 @@ def run_spec_bench(cfg: SpecBenchConfig, log: Callable[[str], None] = lambda s: 
     rows, raw = [], []
     for ctx in cfg.ctxs:
         log(f"eLLM, {ctx}-token prompts ...")
-        r = _run([*base, "ellm", "--artifact", str(cfg.artifact), "--ctx", str(ctx), "--chain", str(cfg.chain), *common],
+        r = run_worker([*base, "ellm", "--artifact", str(cfg.artifact), "--ctx", str(ctx), "--chain", str(cfg.chain), *common],
                  f"eLLM at {ctx} tokens")
         raw.append(r)
         rows += [_summary("ellm", ctx, t) for t in r["tasks"]]
@@ -87,7 +75,7 @@ def run_spec_bench(cfg: SpecBenchConfig, log: Callable[[str], None] = lambda s: 
             log(f"llama.cpp ({cfg.llama_build}), {ctx}-token prompts ...")
             cmd = [*base, "llama.cpp", "--model", str(cfg.model), "--llama-path", str(llama_path), "--ctx", str(ctx),
                    "--kv-type", cfg.llama_kv, *common] + ([] if cfg.llama_flash else ["--no-flash-attn"])
-            r = _run(cmd, f"llama.cpp at {ctx} tokens")
+            r = run_worker(cmd, f"llama.cpp at {ctx} tokens")
             raw.append(r)
             rows += [_summary("llama.cpp", ctx, t) for t in r["tasks"]]
     return {"host": detect_host().record(), "config": {k: str(v) for k, v in cfg.__dict__.items()}, "rows": rows,
