@@ -18,32 +18,52 @@ import sys
 import time
 
 
-def _tasks(names: str | None):
+def _prompts(names: str | None, tokenizer, ctx: int) -> list[tuple]:
+    """(task, prompt ids) of every task (`names`, default all) at about `ctx` tokens (more where a task's
+    material and request alone are longer)."""
     from .spec_tasks import TASKS, task
 
-    return [task(n) for n in names.split(",")] if names else list(TASKS)
+    return [(t, t.prompt(tokenizer, ctx)) for t in ([task(n) for n in names.split(",")] if names else TASKS)]
+
+
+def _context(prompts, a) -> int:
+    return max(len(ids) for _, ids in prompts) + a.gen + 64
+
+
+def _run_tasks(prompts, rounds: int, start, generate) -> list[dict]:
+    """Per task: `start(ids)` (a new prompt), then `rounds` rounds of plain and speculative generation
+    (`generate(ids, speculative)`: the tokens and the run's record), alternating."""
+    rows = []
+    for t, ids in prompts:
+        start(ids)
+        runs: dict[str, list] = {"plain": [], "spec": []}
+        outs = {}
+        for _ in range(rounds):
+            for mode in ("plain", "spec"):
+                outs[mode], record = generate(ids, mode == "spec")
+                runs[mode].append(record)
+        rows.append({"task": t.name, "grounded": t.grounded, "prompt_tokens": len(ids), "runs": runs,
+                     "identical": outs["plain"] == outs["spec"]})
+    return rows
 
 
 def run_ellm(a) -> dict:
     import ellm
+    from ellm.runtime.artifact import Artifact
     from ellm.speculative import SpeculativeConfig
 
-    eng = ellm.load(a.artifact, threads=a.threads, ctx_size=a.ctx + a.gen + 64)
+    prompts = _prompts(a.tasks, Artifact.open(a.artifact, verify=False, check_cpu=False).tokenizer(), a.ctx)
+    eng = ellm.load(a.artifact, threads=a.threads, ctx_size=_context(prompts, a))
     spec = SpeculativeConfig(chain=a.chain)
-    rows = []
-    for t in _tasks(a.tasks):
-        ids = t.prompt(eng.tokenizer, a.ctx)
-        runs: dict[str, list] = {"plain": [], "spec": []}
-        outs = {}
-        for _ in range(a.rounds):  # the prompt is prefilled once: later calls reuse its KV exactly
-            for mode in ("plain", "spec"):
-                out = eng.generate(ids, a.gen, speculative=spec if mode == "spec" else None, cache_reuse=False)
-                st = eng.stats
-                outs[mode] = out
-                runs[mode].append({"tok_s": st.decode_tok_s, "tokens": len(out), "verify_steps": st.verify_steps,
-                                   "decode_steps": st.decode_steps, "drafted": st.drafted, "accepted": st.accepted})
-        rows.append({"task": t.name, "grounded": t.grounded, "prompt_tokens": len(ids), "runs": runs,
-                     "identical": outs["plain"] == outs["spec"]})
+
+    def generate(ids, speculative: bool):
+        out = eng.generate(ids, a.gen, speculative=spec if speculative else None, cache_reuse=False)
+        st = eng.stats
+        return out, {"tok_s": st.decode_tok_s, "tokens": len(out), "verify_steps": st.verify_steps,
+                     "decode_steps": st.decode_steps, "drafted": st.drafted, "accepted": st.accepted}
+
+    # the prompt is prefilled by the first call; later ones reuse its KV exactly
+    rows = _run_tasks(prompts, a.rounds, lambda ids: None, generate)
     return {"tasks": rows, "target": eng.target, "chain": a.chain}
 
 
@@ -60,12 +80,14 @@ def run_llama_cpp(a) -> dict:
     tok = Tokenizer.from_gguf(GGUFFile(a.model))  # the same token ids eLLM runs
     kv = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}[a.kv_type]
     lookup = LlamaPromptLookupDecoding(num_pred_tokens=a.lookup_tokens)
+    prompts = _prompts(a.tasks, tok, a.ctx)
     # verification needs every row's logits: a draft model at construction and logits_all (which sizes the buffer)
-    llm = Llama(a.model, n_ctx=a.ctx + a.gen + 64, n_threads=a.threads, n_threads_batch=a.threads, n_batch=512,
+    llm = Llama(a.model, n_ctx=_context(prompts, a), n_threads=a.threads, n_threads_batch=a.threads, n_batch=512,
                 flash_attn=a.flash_attn, type_k=kv, type_v=kv, verbose=False, draft_model=lookup, logits_all=True)
     stop = set(tok.info.eog_ids)
 
-    def generate(ids) -> tuple[list[int], float]:
+    def generate(ids, speculative: bool):
+        llm.draft_model = lookup if speculative else None
         out: list[int] = []
         t_first = t_last = 0.0
         for x in llm.generate(ids, temp=0.0, repeat_penalty=1.0):  # reuses the cached prompt but its last token
@@ -75,23 +97,14 @@ def run_llama_cpp(a) -> dict:
             out.append(int(x))
             if x in stop or len(out) >= a.gen:
                 break
-        return out, (len(out) - 1) / (t_last - t_first) if len(out) > 1 else float("nan")
+        rate = (len(out) - 1) / (t_last - t_first) if len(out) > 1 else float("nan")
+        return out, {"tok_s": rate, "tokens": len(out)}
 
-    rows = []
-    for t in _tasks(a.tasks):
-        ids = t.prompt(tok, a.ctx)
+    def start(ids):
         llm.reset()
         llm.eval(ids)  # the prompt once
-        runs: dict[str, list] = {"plain": [], "spec": []}
-        outs = {}
-        for _ in range(a.rounds):
-            for mode in ("plain", "spec"):
-                llm.draft_model = lookup if mode == "spec" else None
-                out, rate = generate(ids)
-                outs[mode] = out
-                runs[mode].append({"tok_s": rate, "tokens": len(out)})
-        rows.append({"task": t.name, "grounded": t.grounded, "prompt_tokens": len(ids), "runs": runs,
-                     "identical": outs["plain"] == outs["spec"]})
+
+    rows = _run_tasks(prompts, a.rounds, start, generate)
     return {"tasks": rows, "llama_cpp_python": llama_cpp.__version__, "lookup_tokens": a.lookup_tokens,
             "kv_type": a.kv_type, "flash_attn": a.flash_attn}
 
