@@ -76,6 +76,7 @@ def compile_options(a: argparse.Namespace, target: str | None = None):
         budget_ratio=a.budget_ratio,
         budget_ctx=a.budget_ctx,
         calibration=a.calibration,
+        draft_layers=getattr(a, "draft_layers", None),
     )
 
 
@@ -87,7 +88,7 @@ def add_compile_option_args(c: argparse.ArgumentParser) -> None:
     c.add_argument(
         "--activations", choices=["auto", "int16", "int8", "f32"], default="auto",
         help="matmul activations: int16/int8 integer kernels, f32 float kernels (auto, on AVX2 and later: int8 for prefill "
-             "chunks; int16 for one-token steps with 512-bit dot products, int8 with 256-bit ones)",
+             "chunks and one-token steps; attention keeps 16-bit query and value rounding on 512-bit classes)",
     )
     c.add_argument("--quant-level", type=int, choices=[0, 1, 2], default=None,
                    help="0: everything at its highest precision (the GGUF's weights, f16 KV, int16 activations); 1: attention "
@@ -98,6 +99,9 @@ def add_compile_option_args(c: argparse.ArgumentParser) -> None:
     add_precision_args(c)
     c.add_argument("--no-prefetch", action="store_true", help="compile without software prefetch")
     c.add_argument("--max-chunk", type=_positive_int, default=256, help="most tokens per prefill step (default 256)")
+    c.add_argument("--draft-layers", type=_positive_int, default=None, metavar="L",
+                   help="build a self-draft for speculative decoding (ellm run --draft model --draft-model DIR): the "
+                        "model's first L layers and its head, at --quant-level 2 unless a recipe is given")
 
 
 def cmd_compile(a: argparse.Namespace) -> int:

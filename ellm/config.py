@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from .errors import GGUFError
+from .errors import EllmError, GGUFError
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 
@@ -104,6 +104,12 @@ class ModelConfig:
             return replace(self, rope_scaling=RopeScaling())
         original = self.rope_scaling.original_ctx or self.ctx_train
         return replace(self, rope_scaling=RopeScaling(kind=kind, factor=float(factor), original_ctx=original))
+
+    def first_layers(self, n: int) -> ModelConfig:
+        """The first `n` layers of this model and its head: a self-draft (`ellm compile --draft-layers`)."""
+        if not 1 <= n < self.n_layers:
+            raise EllmError(f"--draft-layers must be between 1 and {self.n_layers - 1} (the model has {self.n_layers} layers), got {n}")
+        return replace(self, n_layers=n)
 
     # --- (de)serialisation for the artifact manifest --------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -155,6 +155,22 @@ def test_controller_follows_the_measured_verification_cost():
     assert costly.length("x", 16) < cheap.length("x", 16)
 
 
+def test_controller_charges_a_draft_model_for_each_drafted_token():
+    free, drafted = ChainController(_curve(), 16), ChainController(_curve(), 16)
+    for c in (free, drafted):
+        for _ in range(30):
+            c.accepted("m", 8, 4)  # alpha ~ 0.8
+            c.timed(0, 0.01)
+    drafted.timed_draft(8, 0.01 * 8 * 0.3)  # each drafted token costs 0.3 decode steps
+    assert drafted.draft_cost == pytest.approx(0.3)
+    assert 1 <= drafted.length("m", 16, drafted=True) < free.length("m", 16)
+    assert drafted.length("m", 16) == free.length("m", 16)  # a lookup draft is free
+    drafted.timed_draft(8, 0.01 * 8 * 3.0)
+    for _ in range(20):
+        drafted.timed_draft(8, 0.01 * 8 * 3.0)  # a draft model slower than the model: never worth it
+    assert drafted.length("m", 16, drafted=True) == 0
+
+
 def test_fixed_chain_verifies_the_whole_draft():
     c = ChainController(_curve(), 8, adaptive=False)
     for _ in range(20):
@@ -164,6 +180,7 @@ def test_fixed_chain_verifies_the_whole_draft():
 
 def test_config_validation():
     assert not SpeculativeConfig(chain=0).on
-    for bad in (dict(chain=-1), dict(chain=40), dict(draft="psychic"), dict(ngram_min=3, ngram_max=2)):
+    for bad in (dict(chain=-1), dict(chain=40), dict(draft="psychic"), dict(ngram_min=3, ngram_max=2),
+                dict(draft="model"), dict(draft="cascade"), dict(draft="ngram", draft_model="d")):
         with pytest.raises(EllmError):
             SpeculativeConfig(**bad)

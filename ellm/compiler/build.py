@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable
 
@@ -62,6 +62,10 @@ class CompileOptions(TargetOptions):
             raise EllmError("--budget-mb and --budget-ratio need the measured plan (--precision auto, the default), "
                             "not --precision source or --quant-level")
         Budget(self.budget_mb, self.budget_ratio, self.budget_ctx)  # validates them
+        if self.draft_layers is not None and (self.precision == "auto" or self.budget_mb is not None
+                                              or self.budget_ratio is not None):
+            raise EllmError("a self-draft (--draft-layers) takes a precision recipe (--quant-level, or --precision "
+                            "source), not the measured plan: the analysis measures the whole model")
         if not self.target_names():
             raise EllmError("--target needs at least one preset name or auto")
 
@@ -132,6 +136,11 @@ def compile_model(
     model_path = resolve_model(model)
     gf = GGUFFile(model_path)
     cfg = ModelConfig.from_gguf(gf)
+    if options.draft_layers is not None:
+        cfg = cfg.first_layers(options.draft_layers)
+        if options.quant_level is None and options.precision is None:
+            # a draft is worth only what it saves: by default everything at 4 bits (the head too)
+            options = replace(options, quant_level=2)
     tokenizer = Tokenizer.from_gguf(gf)
     presets = options.presets()
     plan = precision_plan(gf, cfg, options, log=log)
@@ -180,6 +189,9 @@ def compile_model(
             "tvm_version": tvm.__version__,
             "source": {"file": model_path.name, "sha256": gf.sha256(), "bytes": gf.file_size},
             "config": cfg.to_dict(),
+            # a self-draft: the source's first `layers` of `of` (speculative/drafters.py); None: the whole model
+            "draft": ({"layers": cfg.n_layers, "of": ModelConfig.from_gguf(gf).n_layers}
+                      if options.draft_layers is not None else None),
             "targets": [b.manifest_entry(options.for_targets(), ids) for b, ids in zip(builds, per_target)],
             "kv_cache": builds[0].kv_plan.to_dict(),
             "precision": (plan.to_dict() if plan is not None else {"origin": "source", "weights": {}}),

@@ -46,6 +46,9 @@ class TargetOptions:
     budget_ratio: float | None = None  # ... or as a share of today's default (source weights, rule-based KV)
     budget_ctx: int = 8192
     calibration: str | None = None  # calibration text file (default: Python's language reference)
+    # a self-draft for speculative decoding: only the first `draft_layers` layers, then the output norm and head
+    # (speculative/drafters.py); None: the whole model
+    draft_layers: int | None = None
 
 
 KV_STORES = ("protected", "plain")

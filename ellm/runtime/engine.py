@@ -36,6 +36,7 @@ class GenerationStats:
     verify_steps: int = 0  # verification steps of speculative chains
     drafted: int = 0  # drafted tokens verified
     accepted: int = 0  # of them, accepted
+    draft_s: float = 0.0  # of decode_s, seconds in a draft model (drafting and catching up)
 
     @property
     def accept_rate(self) -> float:
@@ -148,6 +149,7 @@ class Engine:
         self._one = np.from_dlpack(self._one_tensor)  # [1] int32, the same memory
         self._cache = _Cache()
         self._curve: list[float] | None = None  # verification cost over decode cost per chain length (speculative/cost.py)
+        self._drafts: dict[str, Engine] = {}  # draft models by --draft-model path (speculative/draft_model.py)
         self.stats = GenerationStats()
 
     @classmethod
@@ -160,6 +162,15 @@ class Engine:
     @property
     def n_cached(self) -> int:
         return len(self._cache.tokens)
+
+    def common_prefix(self, ids: Sequence[int], start: int = 0) -> int:
+        """How many leading `ids` the cache holds, comparing from position `start` on (the caller knows the
+        first `start` agree)."""
+        cached, n = self._cache.tokens, min(start, len(ids), self.n_cached)
+        end = min(len(ids), self.n_cached)
+        while n < end and cached[n] == ids[n]:
+            n += 1
+        return n
 
     def restorable(self, n: int) -> bool:
         """Whether truncate(n) keeps the cached state (else it has to recompute positions < n)."""
@@ -309,24 +320,24 @@ class Engine:
             )
         if max_new_tokens < 0:
             raise EllmError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        if speculative is not None and speculative.on and speculative.draft_model:
+            self.draft_engine(speculative.draft_model)  # opened (and checked) before any work
         rng = np.random.default_rng(seed)
         stats = self.stats = GenerationStats(prompt_tokens=int(arr.size))
         if max_new_tokens == 0:
             stats.stop_reason = "length"
             return []
 
-        cached = self._cache.tokens[: self.n_cached if cache_reuse else self._cache.exact]
-        common = 0
-        for a, b in zip(cached, arr.tolist()):
-            if a != b:
-                break
-            common += 1
+        common = min(self.common_prefix(arr.tolist()), self.n_cached if cache_reuse else self._cache.exact)
         reuse = min(common, arr.size - 1)  # the last prompt token always runs: its logits choose token 1
         if not self.restorable(reuse):
             reuse = 0  # recomputing the prefix would cost as much as starting over
         self.truncate(reuse)
         stats.reused_tokens = reuse
         logits = self.prefill(arr[reuse:], progress=progress)
+        drafter = None
+        if speculative is not None and speculative.on:
+            drafter = self._drafter(speculative, arr.tolist())  # a draft model reads the prompt here too
         stats.prefill_s = time.perf_counter() - t0
 
         out: list[int] = []
@@ -348,8 +359,8 @@ class Engine:
             self._curve = self._verify_cost_curve()  # once per engine: from the cache, else measured here
         t_dec = time.perf_counter()
         if not emit(first):
-            if speculative is not None and speculative.on:
-                self._speculate(arr.tolist(), first, emit, stats, speculative, temperature, rng,
+            if drafter is not None:
+                self._speculate(drafter, first, emit, stats, speculative, temperature, rng,
                                 lambda: max_new_tokens - len(out))
             else:
                 tok = first
@@ -374,10 +385,30 @@ class Engine:
 
         return load_or_measure(self, cache_root(), self.max_verify)
 
-    def _speculate(self, context, first, emit, stats, cfg: SpeculativeConfig, temperature, rng, remaining) -> None:
+    def draft_engine(self, path: str) -> Engine:
+        """The draft model at `path` (an artifact, or a GGUF compiled once into the cache), opened once."""
+        if path not in self._drafts:
+            from ..demo import cache_root
+            from ..speculative.draft_model import open_draft
+
+            self._drafts[path] = open_draft(path, self, cache_root())
+        return self._drafts[path]
+
+    def _drafter(self, cfg: SpeculativeConfig, context: list[int]):
+        from ..speculative.drafters import CascadeDrafter, ModelDrafter, NgramDrafter
+
+        ngram = NgramDrafter(cfg, context) if cfg.draft in ("ngram", "cascade") else None
+        model = ModelDrafter(self.draft_engine(cfg.draft_model), context) if cfg.draft_model else None
+        if model is not None:
+            model.start()
+        return CascadeDrafter(ngram, model) if ngram and model else (ngram or model)
+
+    def _speculate(self, drafter, first, emit, stats, cfg: SpeculativeConfig, temperature, rng, remaining) -> None:
         from ..speculative.chain import run_chain
         from ..speculative.controller import ChainController
 
         assert self._curve is not None
         controller = ChainController(self._curve, min(cfg.chain, self.max_verify - 1), cfg.adaptive)
-        run_chain(self, context, first, emit, stats, cfg, controller, temperature, rng, remaining)
+        draft_s = drafter.draft_s
+        run_chain(self, drafter, first, emit, stats, cfg, controller, temperature, rng, remaining)
+        stats.draft_s = drafter.draft_s - draft_s

@@ -190,6 +190,16 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.info.vocab_size
 
+    def vocabulary_digest(self) -> str:
+        """What the token ids mean, as a SHA-256 of every token's id and text: two tokenizers with the same
+        digest give the same ids the same meaning (their chat templates may differ)."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for text, i in sorted(self._tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1]):
+            h.update(f"{i}\t{text}\n".encode())
+        return h.hexdigest()
+
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         """Token ids of `text`; special-token texts (e.g. <|im_start|>) become their ids."""
         ids = self._tok.encode(text, add_special_tokens=False).ids

@@ -12,50 +12,56 @@ from ..runtime.sampling import sample
 from .accept import accept_greedy, accept_sampled
 from .config import SpeculativeConfig
 from .controller import ChainController
-from .ngram import NgramIndex
+from .drafters import MODEL_KEY
 
 if TYPE_CHECKING:
     from ..runtime.engine import Engine, GenerationStats
+    from .drafters import CascadeDrafter, ModelDrafter, NgramDrafter
+
+    Drafter = NgramDrafter | ModelDrafter | CascadeDrafter
 
 
-def run_chain(eng: Engine, context: list[int], first: int, emit: Callable[[int], bool], stats: GenerationStats,
+def run_chain(eng: Engine, drafter: Drafter, first: int, emit: Callable[[int], bool], stats: GenerationStats,
               cfg: SpeculativeConfig, controller: ChainController, temperature: float, rng: np.random.Generator,
               remaining: Callable[[], int]) -> None:
-    """Continue after `first` (chosen, not yet in the cache) until `emit` says stop. `context`: the prompt.
-    `remaining()`: how many more tokens may be emitted."""
-    index = NgramIndex(cfg.ngram_max, cfg.ngram_min, context)
-    index.append(first)
+    """Continue after `first` (chosen, not yet in the cache) until `emit` says stop. `drafter` has seen the
+    prompt. `remaining()`: how many more tokens may be emitted."""
+    drafter.append(first)
     tok = first
     while True:
         if eng.n_cached >= eng.ctx_size:
             stats.stop_reason = "context"
             return
         room = min(remaining() - 1, eng.ctx_size - eng.n_cached - 1, eng.max_verify - 1, cfg.chain)
-        draft, matched = index.propose(room) if room > 0 else ([], 0)
-        key = ("ngram", matched)
-        k = controller.length(key, len(draft)) if draft else 0
-        if k == 0:
+        key, available = drafter.offer(room) if room > 0 else (None, 0)
+        k = controller.length(key, available, drafted=key == MODEL_KEY) if available else 0
+        chain: list[int] = []
+        if k:
+            t = time.perf_counter()
+            chain, q = drafter.take(k, temperature, rng)
+            if key == MODEL_KEY:
+                controller.timed_draft(k, time.perf_counter() - t)
+        if not chain:
             t = time.perf_counter()
             logits = eng.decode(tok)
             controller.timed(0, time.perf_counter() - t)
             nxt = sample(logits, temperature, rng)
-            if draft:
-                controller.shadow(key, draft[0] == nxt)
+            if available:
+                drafter.declined(controller, key, nxt)
             stats.decode_steps += 1
             new = [nxt]
         else:
-            chain = draft[:k]
             base = eng.n_cached
             t = time.perf_counter()
             rows = eng.verify([tok, *chain])
-            controller.timed(k, time.perf_counter() - t)
+            controller.timed(len(chain), time.perf_counter() - t)
             if temperature == 0:
                 n, nxt = accept_greedy(rows, chain)
             else:
-                n, nxt = accept_sampled(rows, chain, temperature, rng)
-            controller.accepted(key, k, n)
+                n, nxt = accept_sampled(rows, chain, temperature, rng, q)
+            controller.accepted(key, len(chain), n)
             stats.verify_steps += 1
-            stats.drafted += k
+            stats.drafted += len(chain)
             stats.accepted += n
             eng.truncate(base + 1 + n)  # tok and the accepted tokens keep their KV
             new = [*chain[:n], nxt]
@@ -63,5 +69,5 @@ def run_chain(eng: Engine, context: list[int], first: int, emit: Callable[[int],
             stats.decode_tokens += 1
             if emit(x):
                 return
-            index.append(x)
+            drafter.append(x)
         tok = new[-1]

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ..errors import EllmError
 
-DRAFTERS = ("ngram",)  # the draft-model drafters (model, cascade) are not built yet
+DRAFTERS = ("ngram", "model", "cascade")
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,7 @@ class SpeculativeConfig:
     adaptive: bool = True
     ngram_max: int = 4
     ngram_min: int = 1
+    draft_model: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.chain <= 31:
@@ -30,6 +31,11 @@ class SpeculativeConfig:
             raise EllmError(f"--draft must be one of {', '.join(DRAFTERS)}, got {self.draft!r}")
         if not 1 <= self.ngram_min <= self.ngram_max <= 16:
             raise EllmError(f"n-gram lengths need 1 <= min <= max <= 16, got {self.ngram_min}..{self.ngram_max}")
+        if self.draft in ("model", "cascade") and not self.draft_model:
+            raise EllmError(f"--draft {self.draft} needs --draft-model DIR|GGUF (a draft artifact, e.g. from "
+                            "`ellm compile --draft-layers L`, or a GGUF to compile into one)")
+        if self.draft == "ngram" and self.draft_model:
+            raise EllmError("--draft-model is used by --draft model or cascade, not ngram")
 
     @property
     def on(self) -> bool:

@@ -46,6 +46,7 @@ class ChainController:
     slope: float = 1.0
     _acc: dict[Hashable, _Acceptance] = field(default_factory=dict)
     _decode_s: float | None = None
+    draft_cost: float = 0.0  # a draft model's cost per drafted token over a decode step's, as measured
 
     def __post_init__(self) -> None:
         if len(self.curve) < self.max_chain + 1 or self.curve[0] != 1.0:
@@ -57,8 +58,9 @@ class ChainController:
     def cost(self, k: int) -> float:
         return 1.0 + self.slope * (self.curve[k] - 1.0)
 
-    def length(self, key: Hashable, available: int) -> int:
-        """Drafted tokens to verify, of `available` (0: decode one token instead)."""
+    def length(self, key: Hashable, available: int, drafted: bool = False) -> int:
+        """Drafted tokens to verify, of `available` (0: decode one token instead). `drafted`: the draft is yet
+        to be computed by a draft model, at `draft_cost` per token."""
         top = min(available, self.max_chain)
         if not self.adaptive or top == 0:
             return top
@@ -66,7 +68,7 @@ class ChainController:
         best, best_value, expected = 0, 1.0, 1.0
         for k in range(1, top + 1):
             expected += alpha ** k
-            value = expected / self.cost(k)
+            value = expected / (self.cost(k) + (k * self.draft_cost if drafted else 0.0))
             if value > best_value:
                 best, best_value = k, value
         return best
@@ -80,12 +82,21 @@ class ChainController:
         estimate alive where the controller has backed off."""
         self._acc.setdefault(key, _Acceptance()).add(float(hit), 1.0)
 
+    def timed_draft(self, k: int, seconds: float) -> None:
+        """A draft model's k drafted tokens took `seconds` (its catch-up on the committed text included)."""
+        if self._decode_s is not None and k > 0:
+            seen = seconds / k / self._decode_s
+            self.draft_cost = seen if self.draft_cost == 0.0 else 0.8 * self.draft_cost + 0.2 * seen
+
     def timed(self, k: int, seconds: float) -> None:
         """A step's measured time: k = 0 a decode step, else a verification of k drafted tokens."""
         if k == 0:
             self._decode_s = seconds if self._decode_s is None else 0.8 * self._decode_s + 0.2 * seconds
             return
-        if self._decode_s is None or self.curve[k] <= 1.0:
+        if self._decode_s is None:
+            self._decode_s = seconds / self.cost(k)  # no decode step timed yet: what the curve implies
+            return
+        if self.curve[k] <= 1.0:
             return
         seen = (seconds / self._decode_s - 1.0) / (self.curve[k] - 1.0)
         self.slope += COST_RATE * (min(max(seen, 0.25), 4.0) - self.slope)
