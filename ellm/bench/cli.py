@@ -27,6 +27,10 @@ def add_parser(sub) -> None:
                         "without and with speculation, and llama.cpp's prompt lookup with --vs llama.cpp")
     b.add_argument("--chain", type=_positive_int, default=16, help="with --spec: the longest chain (default 16)")
     b.add_argument("--tasks", help="with --spec: comma-separated task names (default: all)")
+    b.add_argument("--draft", default="ngram",
+                   help="with --spec: comma-separated drafters to run, each against the same plain runs (ngram, model, "
+                        "cascade; default ngram)")
+    b.add_argument("--draft-model", metavar="DIR|GGUF", help="with --spec: the draft model of --draft model/cascade")
     b.add_argument("--warmup", type=_nonneg_int, default=4, help="untimed decode steps per repeat")
     b.add_argument("--repeat", type=_positive_int, default=3)
     b.add_argument("--rounds", type=_positive_int, default=2, help="alternating rounds of the systems")
@@ -106,6 +110,8 @@ def _bench_spec(a: argparse.Namespace, artifact: Path, model: Path, llama, log) 
     lc = llama[0] if llama else None
     cfg = SpecBenchConfig(
         artifact=artifact, model=model, ctxs=_ints(a.ctx or "2048,8000", "--ctx"), gen=a.gen or 256, chain=a.chain,
+        drafters=tuple(d.strip() for d in a.draft.split(",") if d.strip()),
+        draft_model=Path(a.draft_model) if a.draft_model else None,
         rounds=a.rounds, threads=a.threads or (os.cpu_count() or 1), tasks=a.tasks,
         llama_build=lc.build if lc else None, llama_kv=lc.kv_type if lc else "f16", llama_flash=lc.flash_attn if lc else True)
     report = run_spec_bench(cfg, log=log)

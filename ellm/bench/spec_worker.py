@@ -1,7 +1,8 @@
 """One system's run of the speculation task set at one prompt length, in its own process: every task
-without and with speculation, alternating, the generated tokens and their decode rate.
+without and with speculation (each drafter in turn), alternating, the generated tokens and their decode rate.
 
-    python -m ellm.bench.spec_worker ellm --artifact DIR --ctx N --gen G --chain K --rounds R --threads T
+    python -m ellm.bench.spec_worker ellm --artifact DIR --ctx N --gen G --chain K --rounds R --threads T \
+        [--draft ngram,model,cascade --draft-model DIR]
     python -m ellm.bench.spec_worker llama.cpp --model GGUF --llama-path DIR --ctx N --gen G --rounds R --threads T
 
 Both greedy, both stop at the model's end-of-generation tokens. The decode rate counts the tokens after the
@@ -30,20 +31,20 @@ def _context(prompts, a) -> int:
     return max(len(ids) for _, ids in prompts) + a.gen + 64
 
 
-def _run_tasks(prompts, rounds: int, start, generate) -> list[dict]:
-    """Per task: `start(ids)` (a new prompt), then `rounds` rounds of plain and speculative generation
-    (`generate(ids, speculative)`: the tokens and the run's record), alternating."""
+def _run_tasks(prompts, rounds: int, start, modes: list[str], generate) -> list[dict]:
+    """Per task: `start(ids)` (a new prompt), then `rounds` rounds of generation in every mode ("plain" first,
+    then each drafter), alternating; `generate(ids, mode)`: the tokens and the run's record."""
     rows = []
     for t, ids in prompts:
         start(ids)
-        runs: dict[str, list] = {"plain": [], "spec": []}
+        runs: dict[str, list] = {m: [] for m in modes}
         outs = {}
         for _ in range(rounds):
-            for mode in ("plain", "spec"):
-                outs[mode], record = generate(ids, mode == "spec")
+            for mode in modes:
+                outs[mode], record = generate(ids, mode)
                 runs[mode].append(record)
         rows.append({"task": t.name, "grounded": t.grounded, "prompt_tokens": len(ids), "runs": runs,
-                     "identical": outs["plain"] == outs["spec"]})
+                     "identical": {m: outs[m] == outs["plain"] for m in modes[1:]}})
     return rows
 
 
@@ -54,17 +55,20 @@ def run_ellm(a) -> dict:
 
     prompts = _prompts(a.tasks, Artifact.open(a.artifact, verify=False, check_cpu=False).tokenizer(), a.ctx)
     eng = ellm.load(a.artifact, threads=a.threads, ctx_size=_context(prompts, a))
-    spec = SpeculativeConfig(chain=a.chain)
+    drafters = a.draft.split(",")
+    spec = {d: SpeculativeConfig(chain=a.chain, draft=d, draft_model=a.draft_model if d != "ngram" else None)
+            for d in drafters}
 
-    def generate(ids, speculative: bool):
-        out = eng.generate(ids, a.gen, speculative=spec if speculative else None, cache_reuse=False)
+    def generate(ids, mode: str):
+        out = eng.generate(ids, a.gen, speculative=spec.get(mode), cache_reuse=False)
         st = eng.stats
         return out, {"tok_s": st.decode_tok_s, "tokens": len(out), "verify_steps": st.verify_steps,
-                     "decode_steps": st.decode_steps, "drafted": st.drafted, "accepted": st.accepted}
+                     "decode_steps": st.decode_steps, "drafted": st.drafted, "accepted": st.accepted,
+                     "draft_s": st.draft_s}
 
     # the prompt is prefilled by the first call; later ones reuse its KV exactly
-    rows = _run_tasks(prompts, a.rounds, lambda ids: None, generate)
-    return {"tasks": rows, "target": eng.target, "chain": a.chain}
+    rows = _run_tasks(prompts, a.rounds, lambda ids: None, ["plain", *drafters], generate)
+    return {"tasks": rows, "target": eng.target, "chain": a.chain, "draft_model": a.draft_model}
 
 
 def run_llama_cpp(a) -> dict:
@@ -86,8 +90,8 @@ def run_llama_cpp(a) -> dict:
                 flash_attn=a.flash_attn, type_k=kv, type_v=kv, verbose=False, draft_model=lookup, logits_all=True)
     stop = set(tok.info.eog_ids)
 
-    def generate(ids, speculative: bool):
-        llm.draft_model = lookup if speculative else None
+    def generate(ids, mode: str):
+        llm.draft_model = lookup if mode == "lookup" else None
         out: list[int] = []
         t_first = t_last = 0.0
         for x in llm.generate(ids, temp=0.0, repeat_penalty=1.0):  # reuses the cached prompt but its last token
@@ -104,7 +108,7 @@ def run_llama_cpp(a) -> dict:
         llm.reset()
         llm.eval(ids)  # the prompt once
 
-    rows = _run_tasks(prompts, a.rounds, start, generate)
+    rows = _run_tasks(prompts, a.rounds, start, ["plain", "lookup"], generate)
     return {"tasks": rows, "llama_cpp_python": llama_cpp.__version__, "lookup_tokens": a.lookup_tokens,
             "kv_type": a.kv_type, "flash_attn": a.flash_attn}
 
@@ -118,6 +122,8 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, required=True)
     ap.add_argument("--gen", type=int, default=256)
     ap.add_argument("--chain", type=int, default=16)
+    ap.add_argument("--draft", default="ngram", help="eLLM: comma-separated drafters, each run in turn")
+    ap.add_argument("--draft-model", help="eLLM: the draft model of the model and cascade drafters")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--tasks", help="comma-separated task names (default: all)")

@@ -73,6 +73,11 @@ class ChainController:
                 best, best_value = k, value
         return best
 
+    def could_pay(self, margin: float = 1.1) -> bool:
+        """Whether a draft model at the measured `draft_cost` would pay even if every drafted token were
+        accepted (expected tokens per unit of cost above `margin` for some chain length)."""
+        return any((k + 1) / (self.cost(k) + k * self.draft_cost) > margin for k in range(1, self.max_chain + 1))
+
     def accepted(self, key: Hashable, k: int, n: int) -> None:
         """A verification of k drafted tokens accepted the first n (n + 1 trials, or k when all passed)."""
         self._acc.setdefault(key, _Acceptance()).add(n, min(n + 1, k))

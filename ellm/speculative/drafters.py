@@ -27,6 +27,7 @@ MODEL_KEY = ("model",)
 # PROBE_EVERY tokens in one multi-token step whose rows check what it would have drafted (shadow checks).
 # Each probe in a row that does not win the model back doubles the interval, up to PROBE_MAX: a probe costs
 # a draft step of up to 16 rows (a 26-of-30-layer SmolLM2 self-draft probing every 16 tokens cost ~12%).
+# A draft model too slow to pay even if every drafted token were accepted is not probed at all.
 PROBE_EVERY, PROBE_MAX = 16, 256
 
 
@@ -121,7 +122,7 @@ class ModelDrafter:
         return out, (np.stack(q) if q else None)
 
     def declined(self, controller: ChainController, key: Hashable, chosen: int) -> None:
-        if len(self.tokens) - self._synced >= self._probe_every:
+        if len(self.tokens) - self._synced >= self._probe_every and controller.could_pay():
             t = time.perf_counter()
             self._catch_up(controller)
             self.draft_s += time.perf_counter() - t
