@@ -126,7 +126,7 @@ def test_controller_chains_long_drafts_when_they_are_accepted():
     c = ChainController(_curve(), 16)
     for _ in range(30):
         c.accepted("a", 8, 8)
-    assert c.rate("a") > 0.9
+    assert c.rate("a") > 0.97  # the prior decays with the evidence: no cap below 1
     assert c.length("a", 16) >= 8
 
 

@@ -398,7 +398,7 @@ class Engine:
         from ..speculative.drafters import CascadeDrafter, ModelDrafter, NgramDrafter
 
         ngram = NgramDrafter(cfg, context) if cfg.draft in ("ngram", "cascade") else None
-        model = ModelDrafter(self.draft_engine(cfg.draft_model), context) if cfg.draft_model else None
+        model = ModelDrafter(self.draft_engine(cfg.draft_model), context, self) if cfg.draft_model else None
         if model is not None:
             model.start()
         return CascadeDrafter(ngram, model) if ngram and model else (ngram or model)
@@ -408,7 +408,8 @@ class Engine:
         from ..speculative.controller import ChainController
 
         assert self._curve is not None
-        controller = ChainController(self._curve, min(cfg.chain, self.max_verify - 1), cfg.adaptive)
+        controller = ChainController(self._curve, min(cfg.chain, self.max_verify - 1), cfg.adaptive,
+                                     draft_cost=drafter.cost_prior)
         draft_s = drafter.draft_s
         run_chain(self, drafter, first, emit, stats, cfg, controller, temperature, rng, remaining)
         stats.draft_s = drafter.draft_s - draft_s

@@ -38,6 +38,7 @@ class NgramDrafter:
         self.index = NgramIndex(cfg.ngram_max, cfg.ngram_min, context)
         self._draft: list[int] = []
         self.draft_s = 0.0  # lookups cost nothing worth counting
+        self.cost_prior = 0.0
 
     def append(self, token: int) -> None:
         self.index.append(token)
@@ -61,8 +62,11 @@ class ModelDrafter:
     for a long backlog such as the prompt), after rolling back whatever it drafted that was not accepted;
     then it drafts one token per one-token step."""
 
-    def __init__(self, draft: Engine, context: Sequence[int]):
+    def __init__(self, draft: Engine, context: Sequence[int], target: Engine):
         self.eng = draft
+        # a drafted token's cost over a decode step of the target's, before any is measured: both steps are
+        # bound by the weights they stream
+        self.cost_prior = (draft.artifact.target["decode_weight_bytes"] / target.artifact.target["decode_weight_bytes"])
         self.tokens: list[int] = list(context)
         self._synced = 0  # leading committed tokens known to be in the draft's cache
         self._probe_every = PROBE_EVERY
@@ -135,6 +139,7 @@ class CascadeDrafter:
     def __init__(self, ngram: NgramDrafter, model: ModelDrafter):
         self.ngram, self.model = ngram, model
         self._using: NgramDrafter | ModelDrafter = ngram
+        self.cost_prior = model.cost_prior
 
     @property
     def draft_s(self) -> float:
