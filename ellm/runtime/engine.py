@@ -328,7 +328,8 @@ class Engine:
             stats.stop_reason = "length"
             return []
 
-        common = min(self.common_prefix(arr.tolist()), self.n_cached if cache_reuse else self._cache.exact)
+        prompt = arr.tolist()
+        common = min(self.common_prefix(prompt), self.n_cached if cache_reuse else self._cache.exact)
         reuse = min(common, arr.size - 1)  # the last prompt token always runs: its logits choose token 1
         if not self.restorable(reuse):
             reuse = 0  # recomputing the prefix would cost as much as starting over
@@ -337,7 +338,7 @@ class Engine:
         logits = self.prefill(arr[reuse:], progress=progress)
         drafter = None
         if speculative is not None and speculative.on:
-            drafter = self._drafter(speculative, arr.tolist())  # a draft model reads the prompt here too
+            drafter = self._drafter(speculative, prompt)  # a draft model reads the prompt here too
         stats.prefill_s = time.perf_counter() - t0
 
         out: list[int] = []
@@ -410,6 +411,5 @@ class Engine:
         assert self._curve is not None
         controller = ChainController(self._curve, min(cfg.chain, self.max_verify - 1), cfg.adaptive,
                                      draft_cost=drafter.cost_prior)
-        draft_s = drafter.draft_s
         run_chain(self, drafter, first, emit, stats, cfg, controller, temperature, rng, remaining)
-        stats.draft_s = drafter.draft_s - draft_s
+        stats.draft_s = drafter.draft_s  # a new drafter per call: its prompt read is prefill, not counted

@@ -60,8 +60,10 @@ class ChainController:
     def rate(self, key: Hashable) -> float:
         return self._acc.setdefault(key, _Acceptance()).rate
 
-    def cost(self, k: int) -> float:
-        return 1.0 + self.slope * (self.curve[k] - 1.0)
+    def cost(self, k: int, drafted: bool = False) -> float:
+        """A step verifying k drafted tokens, over a decode step; `drafted`: with a draft model's cost of
+        drafting them."""
+        return 1.0 + self.slope * (self.curve[k] - 1.0) + (k * self.draft_cost if drafted else 0.0)
 
     def length(self, key: Hashable, available: int, drafted: bool = False) -> int:
         """Drafted tokens to verify, of `available` (0: decode one token instead). `drafted`: the draft is yet
@@ -73,7 +75,7 @@ class ChainController:
         best, best_value, expected = 0, 1.0, 1.0
         for k in range(1, top + 1):
             expected += alpha ** k
-            value = expected / (self.cost(k) + (k * self.draft_cost if drafted else 0.0))
+            value = expected / self.cost(k, drafted)
             if value > best_value:
                 best, best_value = k, value
         return best
@@ -81,7 +83,7 @@ class ChainController:
     def could_pay(self, margin: float = 1.1) -> bool:
         """Whether a draft model at the measured `draft_cost` would pay even if every drafted token were
         accepted (expected tokens per unit of cost above `margin` for some chain length)."""
-        return any((k + 1) / (self.cost(k) + k * self.draft_cost) > margin for k in range(1, self.max_chain + 1))
+        return any((k + 1) / self.cost(k, drafted=True) > margin for k in range(1, self.max_chain + 1))
 
     def accepted(self, key: Hashable, k: int, n: int) -> None:
         """A verification of k drafted tokens accepted the first n (n + 1 trials, or k when all passed)."""
