@@ -143,36 +143,34 @@ def prefill_progress():
 
 def generate_and_report(eng, text: str, a: argparse.Namespace) -> int:
     """Tokenize (with the chat template if asked), generate, and print text or JSON."""
-    tok = eng.tokenizer
-    prompt = tok.apply_chat_template([{"role": "user", "content": text}]) if a.chat else text
-    ids = tok.encode(prompt)
-    stream = not a.json
-    printed = ""
-    out: list[int] = []
+    from .runtime.sampling_cli import sampling_option, stops_option
+    from .runtime.textstream import TextStream
 
-    def on_token(t: int) -> None:
-        nonlocal printed
-        out.append(t)
-        if not stream:
-            return
-        text_now = tok.decode([x for x in out if not tok.is_eog(x)])
-        if text_now.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
-            return
-        sys.stdout.write(text_now[len(printed) :])
-        sys.stdout.flush()
-        printed = text_now
+    tok = eng.tokenizer
+    ids = tok.encode_chat([{"role": "user", "content": text}]) if a.chat else tok.encode(text)
+    sampling, stream = sampling_option(a), TextStream(tok, stops_option(a))
+    pieces: list[str] = []
+
+    def on_token(t: int) -> bool:
+        piece = stream.feed(t)
+        pieces.append(piece)
+        if piece and not a.json:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        return stream.stopped
 
     from .speculative.cli import speculative_option
 
     spec = speculative_option(a)
     if a.prompt_cache and Path(a.prompt_cache).exists():
         eng.load_session(a.prompt_cache)
-    new = eng.generate(ids, a.n_predict, temperature=a.temp, seed=a.seed, on_token=on_token, progress=prefill_progress(),
+    new = eng.generate(ids, a.n_predict, sampling=sampling, on_token=on_token, progress=prefill_progress(),
                        speculative=spec, cache_reuse=a.cache_reuse)
+    pieces.append(stream.finish())
     if a.prompt_cache:
         eng.save_session(a.prompt_cache)
     st = eng.stats
-    text_out = tok.decode([x for x in new if not tok.is_eog(x)])
+    text_out = "".join(pieces)
     if a.json:
         print(
             json.dumps(
@@ -198,7 +196,7 @@ def generate_and_report(eng, text: str, a: argparse.Namespace) -> int:
             )
         )
     else:
-        sys.stdout.write(text_out[len(printed) :] + "\n")
+        sys.stdout.write(pieces[-1] + "\n")
         spec = (f" ({st.verify_steps} chains: {100 * st.accept_rate:.0f}% of drafted tokens accepted, "
                 f"{st.mean_accepted:.1f} a chain, {st.steps_saved} steps saved)" if st.verify_steps else "")
         print(
@@ -347,15 +345,16 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("-f", "--file", help="read the prompt from a file")
     r.add_argument("-n", "--n-predict", type=_nonneg_int, default=128, help="maximum new tokens (default 128)")
     r.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    r.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0 = greedy)")
-    r.add_argument("--seed", type=int, default=None, help="sampling seed")
     r.add_argument("--threads", type=_positive_int, default=None, help="threads (default: all CPUs)")
     r.add_argument("--ctx-size", type=_positive_int, default=None, help="context size (default: the model's)")
     r.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     r.add_argument("--target", default=None, help="run this target of the artifact (default: the best this CPU can run)")
     add_rope_scaling_args(r)
     add_attention_args(r)
+    from .runtime.sampling_cli import add_sampling_args
     from .speculative.cli import add_speculative_args
+
+    add_sampling_args(r)
 
     add_speculative_args(r)
     r.set_defaults(func=cmd_run)
@@ -388,6 +387,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("-n", "--n-predict", type=_positive_int, default=96)
     d.add_argument("--target", default="auto")
     d.set_defaults(func=cmd_demo)
+
+    from .serving.cli import add_parser as add_serve_parser
+
+    add_serve_parser(sub)
 
     from .eval.cli import add_parser as add_eval_parser, cmd_eval
     from .synth.cli import add_parser as add_synth_parser

@@ -51,6 +51,27 @@ def cached_artifact(target: str = "auto", log=print) -> Path:
     return out
 
 
+def artifact_for(path: str | Path, cache: Path, option: str, kind: str = "models") -> Path:
+    """The artifact directory for `path`: itself, or for a GGUF file the artifact compiled from it (with the
+    default options, for this host) under `cache`/`kind`, compiled on first use. `option` names the command-line
+    option in messages."""
+    p = Path(path)
+    if p.is_dir():
+        return p
+    if not p.is_file():
+        raise EllmError(f"{option} {path}: no such artifact directory or GGUF file")
+    from .compiler.build import CompileOptions, compile_model
+    from .compiler.gguf_file import GGUFFile
+    from .targets import resolve_target
+
+    digest = GGUFFile(p).sha256()[:16]
+    out = cache / kind / f"{digest}-{__version__}-{resolve_target('auto').name}"
+    if not (out / "manifest.json").is_file():
+        print(f"compiling {p.name} into {out} (once)", file=sys.stderr)
+        compile_model(p, out, CompileOptions(target="auto"), force=out.exists(), log=lambda s: print(s, file=sys.stderr))
+    return out
+
+
 def run_demo(threads: int | None = None, n_predict: int = 96, target: str = "auto") -> int:
     from .runtime.engine import Engine
 

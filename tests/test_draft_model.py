@@ -112,7 +112,7 @@ def test_sampling_with_the_drafts_distribution_preserves_the_models(engine, real
         counts = np.zeros(p.size)
         for _ in range(2000):
             x = int(rng.choice(q.size, p=q))
-            acc, nxt = accept_sampled(rows, [x], 1.0, rng, q[None, :])
+            acc, nxt = accept_sampled(probabilities(rows, 1.0), [x], rng, q[None, :])
             counts[x if acc else nxt] += 1
         assert _chi2_ok(counts, p), n
         if checked == 3:

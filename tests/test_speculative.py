@@ -67,7 +67,7 @@ def _first_token_distribution(p_rows, draft, q, n, seed):
     for _ in range(n):
         if q is not None:  # the drafter samples its token from q
             draft = [int(rng.choice(q.shape[1], p=q[0]))]
-        acc, nxt = accept_sampled(logits, draft, 1.0, rng, q)
+        acc, nxt = accept_sampled(probabilities(logits, 1.0), draft, rng, q)
         counts[draft[0] if acc else nxt] += 1
     return counts
 

@@ -21,6 +21,7 @@ from ..compiler.gguf_file import GGUFFile
 from ..config import ModelConfig
 from ..quant import QuantType
 from ..quant.requantize import dequantize, requantize
+from ..targets.detect import available_memory  # noqa: F401 (compile_target and its tests reach it here)
 from ..runtime.rope import rope_table
 
 F32 = np.float32
@@ -67,20 +68,6 @@ def analysis_memory(cfg: ModelConfig, head_candidates: int = 2, ctx: int = 4096)
     weights = L * per_layer + head * (1 if cfg.tied_embeddings else 2)
     activations = ctx * (d * (L + 1) // 16 + 2 * kv * L + 4 * d) + 128 * cfg.vocab_size * 2
     return 4 * (weights + head * head_candidates + activations)
-
-
-def available_memory() -> int:
-    """Bytes the kernel reports as available (Linux MemAvailable; else all physical memory)."""
-    import os
-
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 @dataclass

@@ -19,7 +19,7 @@ from ..speculative.config import SpeculativeConfig
 from .artifact import Artifact
 from .hugepages import huge_arrays
 from .rope import rope_table
-from .sampling import sample
+from .sampling import Sampler, SamplingConfig
 from .threads import set_threads
 
 
@@ -133,13 +133,8 @@ class Engine:
         self._rope = tvm.runtime.tensor(rope_table(cfg, self.ctx_size))
         # the KV state (kv/plan.py): the float16 ring of recent blocks and the per-class block stores
         self.kv_plan = artifact.kv_plan
-        nb = self.kv_plan.n_blocks(self.ctx_size)
-        shapes = [(tuple(nb if d == "NB" else int(d) for d in s.shape), s.dtype) for s in self.kv_plan.state_tensors()]
-        if huge_pages:
-            self._kv_tensors = [tvm.runtime.from_dlpack(a) for a in huge_arrays(shapes)]
-        else:
-            self._kv_tensors = [tvm.runtime.empty(shape, dtype, tvm.cpu()) for shape, dtype in shapes]
-        self._kv = tvm.runtime.convert(self._kv_tensors)
+        self._huge_pages = huge_pages
+        self._kv_tensors, self._kv = self._new_kv_state()
         self.attention = attention or artifact.attention()
         self._attn = tvm.runtime.tensor(self.attention.as_array(cfg.n_layers))
         self._attn_dense = tvm.runtime.tensor(AttentionConfig.dense().as_array(cfg.n_layers))
@@ -148,6 +143,8 @@ class Engine:
         self._one_tensor = tvm.runtime.empty((1,), "int32", tvm.cpu())
         self._one = np.from_dlpack(self._one_tensor)  # [1] int32, the same memory
         self._cache = _Cache()
+        self._slots = [(self._kv_tensors, self._kv, self._cache)]  # KV states (add_slots); the selected one is above
+        self._slot = 0
         self._curve: list[float] | None = None  # verification cost over decode cost per chain length (speculative/cost.py)
         self._drafts: dict[str, Engine] = {}  # draft models by --draft-model path (speculative/draft_model.py)
         self.stats = GenerationStats()
@@ -157,6 +154,55 @@ class Engine:
              **kw) -> Engine:
         """`target`: run that target of the artifact (default: the best one this CPU can run)."""
         return cls(Artifact.open(path, target=target), threads=threads, ctx_size=ctx_size, **kw)
+
+    def _new_kv_state(self):
+        """A KV state: its tensors and the VM's array of them."""
+        import tvm
+
+        nb = self.kv_plan.n_blocks(self.ctx_size)
+        shapes = [(tuple(nb if d == "NB" else int(d) for d in s.shape), s.dtype) for s in self.kv_plan.state_tensors()]
+        if self._huge_pages:
+            tensors = [tvm.runtime.from_dlpack(a) for a in huge_arrays(shapes)]
+        else:
+            tensors = [tvm.runtime.empty(shape, dtype, tvm.cpu()) for shape, dtype in shapes]
+        return tensors, tvm.runtime.convert(tensors)
+
+    # --- slots: several KV caches, one in use ---------------------------------------------------
+    @property
+    def n_slots(self) -> int:
+        return len(self._slots)
+
+    @property
+    def slot(self) -> int:
+        return self._slot
+
+    def add_slots(self, n: int) -> None:
+        """Have `n` KV states in all (a server's conversations each keep theirs; select_slot switches). Refused
+        up front where they would not fit in the memory available."""
+        from ..targets.detect import available_memory
+
+        extra = n - self.n_slots
+        if extra <= 0:
+            return
+        need, avail = extra * self.kv_bytes(), available_memory()
+        if avail is not None and need > 0.9 * avail:
+            raise EllmError(f"{n} slots of {self.kv_bytes() / 2**20:.0f} MiB KV cache each need "
+                            f"{need / 2**30:.2f} GiB more, but {avail / 2**30:.2f} GiB is available "
+                            "(use fewer --slots or a smaller --ctx-size)")
+        for _ in range(extra):
+            tensors, arr = self._new_kv_state()
+            self._slots.append((tensors, arr, _Cache()))
+
+    def select_slot(self, i: int) -> None:
+        """Run on KV state i from now on (no copy)."""
+        if not 0 <= i < self.n_slots:
+            raise ValueError(f"slot {i} of {self.n_slots}")
+        self._kv_tensors, self._kv, self._cache = self._slots[i]
+        self._slot = i
+
+    def slot_tokens(self, i: int) -> list[int]:
+        """The tokens KV state i holds (do not modify)."""
+        return self._slots[i][2].tokens
 
     # --- cache ------------------------------------------------------------------------------
     @property
@@ -292,12 +338,20 @@ class Engine:
         temperature: float = 0.0,
         seed: int | None = None,
         stop_at_eog: bool = True,
-        on_token: Callable[[int], None] | None = None,
+        on_token: Callable[[int], bool | None] | None = None,
         progress: Callable[[int, int], None] | None = None,
         speculative: SpeculativeConfig | None = None,
         cache_reuse: bool = True,
+        sampling: SamplingConfig | None = None,
+        on_logits: Callable[[int, np.ndarray], None] | None = None,
     ) -> list[int]:
         """New token ids continuing `ids` (greedy at temperature 0).
+
+        `sampling`: the sampler's controls (runtime/sampling.py); without it, plain sampling at `temperature`
+        seeded with `seed`. `on_token(tok)` sees each token as it is chosen; returning True stops generation
+        there (stop_reason "stop": a stop string, a cancelled request). `on_logits(tok, logits)`: the raw logits
+        [vocab] the token was chosen from (log-probabilities), before on_token. `progress(done, total)` may raise
+        to abandon the prompt: the cache then holds what was fully written.
 
         `cache_reuse`: the KV of the longest cached prefix of `ids` is kept, tokens decoded by earlier calls
         included, so a conversation's next turn computes only its new message. Decoded tokens' KV was
@@ -322,7 +376,7 @@ class Engine:
             raise EllmError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         if speculative is not None and speculative.on and speculative.draft_model:
             self.draft_engine(speculative.draft_model)  # opened (and checked) before any work
-        rng = np.random.default_rng(seed)
+        sampler = Sampler(sampling or SamplingConfig(temperature=temperature, seed=seed))
         stats = self.stats = GenerationStats(prompt_tokens=int(arr.size))
         if max_new_tokens == 0:
             stats.stop_reason = "length"
@@ -342,26 +396,30 @@ class Engine:
         stats.prefill_s = time.perf_counter() - t0
 
         out: list[int] = []
+        history = list(prompt)  # what the penalties count in: the prompt and every token chosen (grown by emit)
 
-        def emit(tok: int) -> bool:
-            """Record a chosen token; whether generation stops here."""
+        def emit(tok: int, row: np.ndarray) -> bool:
+            """Record a chosen token (from logits `row`); whether generation stops here."""
+            if on_logits:
+                on_logits(tok, row)
             out.append(tok)
-            if on_token:
-                on_token(tok)
-            if stop_at_eog and self.tokenizer.is_eog(tok):
+            history.append(tok)
+            if on_token and on_token(tok):
+                stats.stop_reason = "stop"
+            elif stop_at_eog and self.tokenizer.is_eog(tok):
                 stats.stop_reason = "eog"
             elif len(out) >= max_new_tokens:
                 stats.stop_reason = "length"
             return bool(stats.stop_reason)
 
-        first = sample(logits, temperature, rng)
+        first = sampler.choose(logits, history)
         stats.ttft_s = time.perf_counter() - t0
         if speculative is not None and speculative.on and self._curve is None:
             self._curve = self._verify_cost_curve()  # once per engine: from the cache, else measured here
         t_dec = time.perf_counter()
-        if not emit(first):
+        if not emit(first, logits):
             if drafter is not None:
-                self._speculate(drafter, first, emit, stats, speculative, temperature, rng,
+                self._speculate(drafter, first, emit, stats, speculative, sampler, history,
                                 lambda: max_new_tokens - len(out))
             else:
                 tok = first
@@ -372,8 +430,8 @@ class Engine:
                     logits = self.decode(tok)
                     stats.decode_tokens += 1
                     stats.decode_steps += 1
-                    tok = sample(logits, temperature, rng)
-                    emit(tok)
+                    tok = sampler.choose(logits, history)
+                    emit(tok, logits)
         stats.decode_s = time.perf_counter() - t_dec if stats.decode_tokens else 0.0
         # the cache holds the prompt and every token but the last, whichever steps produced them
         if self.n_cached > arr.size + len(out) - 1:
@@ -404,12 +462,13 @@ class Engine:
             model.start()
         return CascadeDrafter(ngram, model) if ngram and model else (ngram or model)
 
-    def _speculate(self, drafter, first, emit, stats, cfg: SpeculativeConfig, temperature, rng, remaining) -> None:
+    def _speculate(self, drafter, first, emit, stats, cfg: SpeculativeConfig, sampler: Sampler, history: list[int],
+                   remaining) -> None:
         from ..speculative.chain import run_chain
         from ..speculative.controller import ChainController
 
         assert self._curve is not None
         controller = ChainController(self._curve, min(cfg.chain, self.max_verify - 1), cfg.adaptive,
                                      draft_cost=drafter.cost_prior)
-        run_chain(self, drafter, first, emit, stats, cfg, controller, temperature, rng, remaining)
+        run_chain(self, drafter, first, emit, stats, cfg, controller, sampler, history, remaining)
         stats.draft_s = drafter.draft_s  # a new drafter per call: its prompt read is prefill, not counted

@@ -8,6 +8,7 @@ token scores. The result is saved as tokenizer.json in the artifact and loaded w
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -172,6 +173,7 @@ class Tokenizer:
     def __init__(self, hf_tokenizer, info: TokenizerInfo):
         self._tok = hf_tokenizer
         self.info = info
+        self._lock = threading.Lock()
 
     @classmethod
     def from_gguf(cls, gf) -> Tokenizer:
@@ -202,11 +204,43 @@ class Tokenizer:
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         """Token ids of `text`; special-token texts (e.g. <|im_start|>) become their ids."""
-        ids = self._tok.encode(text, add_special_tokens=False).ids
+        with self._lock:  # encode_text flips the special-token switch
+            ids = self._tok.encode(text, add_special_tokens=False).ids
         if (self.info.add_bos if add_bos is None else add_bos) and self.info.bos_id is not None:
             if not ids or ids[0] != self.info.bos_id:
                 ids = [self.info.bos_id] + ids
         return ids
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of `text` with special-token texts kept as text (user content: "<|im_end|>" typed by a
+        user is ordinary characters, never a control token). No BOS."""
+        with self._lock:  # the switch is the tokenizer's state
+            self._tok.encode_special_tokens = True
+            try:
+                return self._tok.encode(text, add_special_tokens=False).ids
+            finally:
+                self._tok.encode_special_tokens = False
+
+    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of `messages` in the chat template: the template's own text is parsed for special tokens,
+        the messages' content never is. Content without special-token text is tokenized with the template's
+        text, as llama.cpp does; otherwise each content is rendered as a placeholder, the rendering is cut
+        there, and the content is encoded as plain text."""
+        text = self.apply_chat_template(messages, add_generation_prompt)
+        if not any(name in str(m.get("content", "")) for m in messages for name in self.info.specials):
+            return self.encode(text)
+        marks = [f"\x00ellm-content-{i}\x00" for i in range(len(messages))]
+        text = self.apply_chat_template([{**m, "content": mark} for m, mark in zip(messages, marks)],
+                                        add_generation_prompt)
+        if any(text.count(mark) != 1 for mark in marks):
+            raise GGUFError("this model's chat template transforms message content, so content with "
+                            "special-token text cannot be kept as text")
+        ids: list[int] = []
+        for i, m in enumerate(messages):
+            head, text = text.split(marks[i], 1)
+            ids += self.encode(head, add_bos=None if i == 0 else False)
+            ids += self.encode_text(str(m["content"]))
+        return ids + self.encode(text, add_bos=False)
 
     def decode(self, ids, skip_special: bool = False) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special)

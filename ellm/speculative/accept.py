@@ -34,11 +34,11 @@ def accept_greedy(rows: np.ndarray, draft: Sequence[int]) -> tuple[int, int]:
     return n, int(best[n])
 
 
-def accept_sampled(rows: np.ndarray, draft: Sequence[int], temperature: float, rng: np.random.Generator,
+def accept_sampled(p: np.ndarray, draft: Sequence[int], rng: np.random.Generator,
                    q: np.ndarray | None = None) -> tuple[int, int]:
-    """As accept_greedy, sampling at `temperature` > 0. `q` [len(draft), vocab]: the drafter's probabilities
-    of each drafted position (None: point masses on the drafted tokens)."""
-    p = probabilities(rows, temperature)
+    """As accept_greedy, sampling. `p` [len(draft) + 1, vocab]: the target's distributions at each row (the
+    sampler's, runtime/sampling.py); `q` [len(draft), vocab]: the drafter's at each drafted position (None:
+    point masses on the drafted tokens)."""
     for i, x in enumerate(draft):
         x = int(x)
         qx = 1.0 if q is None else float(q[i, x])

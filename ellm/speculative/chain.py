@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from ..runtime.sampling import sample
 from .accept import accept_greedy, accept_sampled
 from .config import SpeculativeConfig
 from .controller import ChainController
@@ -16,16 +15,19 @@ from .drafters import MODEL_KEY
 
 if TYPE_CHECKING:
     from ..runtime.engine import Engine, GenerationStats
+    from ..runtime.sampling import Sampler
     from .drafters import CascadeDrafter, ModelDrafter, NgramDrafter
 
     Drafter = NgramDrafter | ModelDrafter | CascadeDrafter
 
 
-def run_chain(eng: Engine, drafter: Drafter, first: int, emit: Callable[[int], bool], stats: GenerationStats,
-              cfg: SpeculativeConfig, controller: ChainController, temperature: float, rng: np.random.Generator,
-              remaining: Callable[[], int]) -> None:
-    """Continue after `first` (chosen, not yet in the cache) until `emit` says stop. `drafter` has seen the
-    prompt. `remaining()`: how many more tokens may be emitted."""
+def run_chain(eng: Engine, drafter: Drafter, first: int, emit: Callable[[int, np.ndarray], bool],
+              stats: GenerationStats, cfg: SpeculativeConfig, controller: ChainController, sampler: Sampler,
+              history: list[int], remaining: Callable[[], int]) -> None:
+    """Continue after `first` (chosen, not yet in the cache) until `emit(token, logits)` says stop. `drafter`
+    has seen the prompt. `history`: the prompt and the tokens emitted (the sampler's penalties count in it).
+    `remaining()`: how many more tokens may be emitted."""
+    temperature, rng = sampler.config.temperature, sampler.rng
     drafter.append(first)
     tok = first
     while True:
@@ -45,29 +47,39 @@ def run_chain(eng: Engine, drafter: Drafter, first: int, emit: Callable[[int], b
             t = time.perf_counter()
             logits = eng.decode(tok)
             controller.timed(0, time.perf_counter() - t)
-            nxt = sample(logits, temperature, rng)
+            nxt = sampler.choose(logits, history)
             if available:
                 drafter.declined(controller, key, nxt)
             stats.decode_steps += 1
-            new = [nxt]
+            new, new_rows = [nxt], logits[None, :]
         else:
             base = eng.n_cached
             t = time.perf_counter()
             rows = eng.verify([tok, *chain])
             controller.timed(len(chain), time.perf_counter() - t)
             if temperature == 0:
-                n, nxt = accept_greedy(rows, chain)
+                n, nxt = accept_greedy(_penalised(sampler, rows, history, chain), chain)
             else:
-                n, nxt = accept_sampled(rows, chain, temperature, rng, q)
+                recent = sampler.recent(history)
+                p = np.stack([sampler.probabilities(rows[i], recent + chain[:i]) for i in range(len(rows))])
+                n, nxt = accept_sampled(p, chain, rng, q)
             controller.accepted(key, len(chain), n)
             stats.verify_steps += 1
             stats.drafted += len(chain)
             stats.accepted += n
             eng.truncate(base + 1 + n)  # tok and the accepted tokens keep their KV
-            new = [*chain[:n], nxt]
-        for x in new:
+            new, new_rows = [*chain[:n], nxt], rows
+        for x, row in zip(new, new_rows):
             stats.decode_tokens += 1
-            if emit(x):
+            if emit(x, row):
                 return
             drafter.append(x)
         tok = new[-1]
+
+
+def _penalised(sampler: Sampler, rows: np.ndarray, history: list[int], chain: list[int]) -> np.ndarray:
+    """Verification rows [len(chain) + 1, vocab] with the repetition penalties each row's position sees."""
+    if not sampler.config.penalises:
+        return rows
+    recent = sampler.recent(history)
+    return np.stack([sampler.penalise(rows[i], recent + chain[:i]) for i in range(len(rows))])

@@ -3,7 +3,6 @@ cache, opened as an engine beside the target's, refused where its vocabulary dif
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,26 +13,10 @@ if TYPE_CHECKING:
 
 
 def draft_artifact(path: str | Path, cache: Path) -> Path:
-    """The artifact directory for `path`: itself, or for a GGUF file the artifact compiled from it (with the
-    default options, for this host) under `cache`, compiled on first use."""
-    from .. import __version__
+    """The artifact directory for `path`: itself, or for a GGUF file the artifact compiled from it."""
+    from ..demo import artifact_for
 
-    p = Path(path)
-    if p.is_dir():
-        return p
-    if not p.is_file():
-        raise EllmError(f"--draft-model {path}: no such artifact directory or GGUF file")
-    from ..compiler.build import CompileOptions, compile_model
-    from ..compiler.gguf_file import GGUFFile
-    from ..targets import resolve_target
-
-    digest = GGUFFile(p).sha256()[:16]
-    out = cache / "drafts" / f"{digest}-{__version__}-{resolve_target('auto').name}"
-    if not (out / "manifest.json").is_file():
-        print(f"compiling the draft model {p.name} into {out} (once)", file=sys.stderr)
-        compile_model(p, out, CompileOptions(target="auto"), force=out.exists(),
-                      log=lambda s: print(s, file=sys.stderr))
-    return out
+    return artifact_for(path, cache, "--draft-model", "drafts")
 
 
 def open_draft(path: str | Path, target: Engine, cache: Path) -> Engine:

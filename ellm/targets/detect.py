@@ -90,3 +90,17 @@ def preset_for_host(host: HostCPU) -> TargetPreset:
         if host.can_run(PRESETS[name]):
             return PRESETS[name]
     return PRESETS["x86-64-v3"]
+
+
+def available_memory() -> int:
+    """Bytes the kernel reports as available (Linux MemAvailable; else all physical memory)."""
+    import os
+
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
