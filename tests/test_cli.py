@@ -35,16 +35,17 @@ def test_run_speculative_with_a_prompt_cache(artifact, tmp_path):
     """Speculation's statistics in --json; a prompt cache that the next run extends; a corrupt one refused with
     one line and exit status 2, the file left as it was."""
     cache = tmp_path / "session.kv"
-    prompt = "one two three four five six seven eight nine ten " * 6
+    # no trailing space: after one, greedy output on some CPUs leaves the pattern (and prompt lookup finds nothing)
+    prompt = ("one two three four five six seven eight nine ten " * 6).strip()
     args = ["-n", "24", "--json", "--threads", "2", "--ctx-size", "512", "--prompt-cache", cache]
     p = ellm("run", artifact, "-p", prompt, "--speculative-chain", "8", *args)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert {"accept_rate", "mean_accepted", "verify_steps", "reused_tokens"} <= set(out)
     assert out["verify_steps"] > 0 and out["reused_tokens"] == 0 and cache.is_file()
-    again = ellm("run", artifact, "-p", prompt + "eleven twelve", *args)
+    again = ellm("run", artifact, "-p", prompt + " eleven twelve", *args)
     assert again.returncode == 0, again.stderr
-    assert json.loads(again.stdout)["reused_tokens"] == out["prompt_tokens"] - 1
+    assert json.loads(again.stdout)["reused_tokens"] == out["prompt_tokens"]  # the new words follow whole tokens
     blob = bytearray(cache.read_bytes())
     blob[len(blob) // 2] ^= 0x55
     cache.write_bytes(bytes(blob))

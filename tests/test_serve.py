@@ -208,3 +208,26 @@ def test_health_metrics_and_page(server):
     page = httpx.get(server.url + "/")
     assert page.status_code == 200 and "/v1/chat/completions" in page.text
     assert httpx.get(server.url + "/nope").json()["error"]["type"] == "not_found_error"
+
+
+def test_a_short_soak_leaves_no_errors_and_flat_memory(artifact):
+    """A scaled-down soak (bench/serve_load.py runs 200 requests with 4K-token prompts): mixed requests from
+    3 clients, some dropped mid-stream, on a server of its own."""
+    from ellm.bench.serve import soak
+
+    res = soak(artifact, requests=40, clients=3, doc_tokens=1200, threads=2)
+    assert res.errors == []
+    assert res.metrics["ellm_requests_total"] + res.metrics["ellm_requests_cancelled_total"] == 40
+    assert abs(res.rss_growth) < 0.10, (res.rss_after_20, res.rss_end)
+
+
+def test_speculation_through_the_server(artifact, server):
+    """Greedy output with prompt-lookup chains is the plain server's, and /metrics reports the acceptance."""
+    prompt = ("one two three four five six seven eight nine ten " * 6).strip()
+    plain = server.client().completions.create(model=server.model, prompt=prompt, max_tokens=32, temperature=0)
+    with live_server(artifact, "--ctx-size", "2048", "--speculative-chain", "8") as spec:
+        r = spec.client().completions.create(model=spec.model, prompt=prompt, max_tokens=32, temperature=0)
+        m = spec.metrics()
+    assert r.choices[0].text == plain.choices[0].text
+    assert r.model_extra["timings"]["drafted"] > 0 and m["ellm_speculative_drafted_total"] > 0
+    assert 0 < m["ellm_speculative_acceptance_ratio"] <= 1
