@@ -72,3 +72,26 @@ def test_demo(tmp_path):
     assert "prefill:" in p.stdout and "tokens/s" in p.stdout
     again = ellm("demo", "-n", "4", env=env)
     assert "using cached artifact" in again.stderr
+
+
+def test_run_sampling_flags_and_a_stop_string(artifact):
+    counting = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"
+    args = ["-n", "32", "--json", "--threads", "2", "--ctx-size", "256"]
+    p = ellm("run", artifact, "-p", counting, "--stop", " 15", "--stop", "never", *args)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["stop_reason"] == "stop" and out["text"].strip() == "11, 12, 13, 14,"
+    flags = ["--temp", "0.9", "--top-k", "20", "--top-p", "0.9", "--min-p", "0.05", "--repeat-penalty", "1.2",
+             "--presence-penalty", "0.3", "--frequency-penalty", "0.2", "--seed", "11"]
+    a, b = (json.loads(ellm("run", artifact, "-p", "Once upon a time", *flags, *args).stdout)["text"] for _ in range(2))
+    assert a == b
+    for bad in (["--temp", "nan"], ["--top-p", "0"], ["--repeat-penalty", "-1"], ["--stop", ""]):
+        r = ellm("run", artifact, "-p", "x", *bad, *args)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (bad, r.stderr)
+
+
+def test_serve_refuses_bad_options_in_one_line(artifact):
+    for bad in (["--port", "70000"], ["--slots", "100000"], ["--prompt-cache", "x.kv"]):
+        r = ellm("serve", artifact, "--ctx-size", "8192", *bad, timeout=120)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (bad, r.stderr)
+        assert r.stderr.startswith("error: ")

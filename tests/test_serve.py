@@ -197,6 +197,21 @@ def test_a_dropped_stream_frees_the_engine_at_once(server):
     assert server.metrics()["ellm_requests_cancelled_total"] == before + 1
 
 
+def test_a_client_gone_during_prefill_cancels_between_chunks(server, real_text):
+    """A whole (not streamed) answer to a long prompt whose client times out: the engine stops at the next
+    prefill chunk, not after the prompt and the answer."""
+    before = server.metrics()["ellm_requests_cancelled_total"]
+    body = {"model": "smollm2", "messages": [{"role": "user", "content": real_text[:7000]}], "max_tokens": 300,
+            "temperature": 0}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(server.url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"},
+                   timeout=0.3)
+    nxt = server.client().completions.create(model=server.model, prompt="Hello", max_tokens=1, temperature=0)
+    # at most one prefill chunk (256 tokens) after the client left, and the disconnect poll (50 ms)
+    assert nxt.model_extra["timings"]["queued_ms"] < 1500, nxt.model_extra["timings"]
+    assert server.metrics()["ellm_requests_cancelled_total"] == before + 1
+
+
 def test_health_metrics_and_page(server):
     h = httpx.get(server.url + "/health").json()
     assert h["status"] == "ok" and h["slots"] == 2
