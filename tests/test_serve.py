@@ -110,6 +110,11 @@ def _raw(server, path, body, key=KEY):
     ({"model": "smollm2", "messages": [{"role": "tool", "content": "hi"}]}, KEY, 400, "role"),
     ({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "temperature": -1}, KEY, 400,
      "temperature"),
+    ({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**400}, KEY, 400, "range"),
+    (b"[" * 100_000 + b"]" * 100_000, KEY, 400, "not valid JSON"),
+    ({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, KEY, 400,
+     "tools"),
+    ({"model": "smollm2", "messages": [{"role": "user", "content": "hi" * 600_000}]}, KEY, 413, "bytes"),
 ])
 def test_errors_have_openai_shape_and_the_server_keeps_serving(server, body, key, status, needle):
     r = _raw(server, "/v1/chat/completions", body, key)
@@ -117,6 +122,25 @@ def test_errors_have_openai_shape_and_the_server_keeps_serving(server, body, key
     err = r.json()["error"]
     assert needle in err["message"] and set(err) == {"message", "type", "param", "code"}
     assert _chat(server, "hi", max_tokens=2).usage.completion_tokens >= 1
+
+
+def test_neutral_values_of_unsupported_features_and_any_seed_are_accepted(server):
+    r = _chat(server, "hi", max_tokens=2, seed=-7, extra_body={"tools": [], "logit_bias": {},
+                                                                "response_format": {"type": "text"}})
+    assert r.usage.completion_tokens >= 1
+
+
+def test_two_conversations_keep_their_own_slots(server):
+    """With 2 slots, a second conversation takes the free slot rather than the first one's (they share only
+    the template's system prompt), so both later turns reuse their caches."""
+    c = server.client()
+    convs = [[{"role": "user", "content": "Name a colour."}], [{"role": "user", "content": "Name an animal."}]]
+    for turn in range(2):
+        for m in convs:
+            r = c.chat.completions.create(model=server.model, messages=m, max_tokens=8, temperature=0)
+            if turn:
+                assert r.usage.prompt_tokens - r.usage.prompt_tokens_details.cached_tokens < 30, r.usage
+            m += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": "Another."}]
 
 
 def test_openai_client_raises_its_own_errors(server):
@@ -155,6 +179,30 @@ def test_a_full_queue_answers_503_with_retry_after(server):
     busy = next(r for r in rs if r.status_code == 503)
     assert int(busy.headers["Retry-After"]) >= 1 and busy.json()["error"]["code"] == "queue_full"
     assert server.metrics()["ellm_requests_rejected_total"] >= 1
+
+
+def test_clients_gone_while_queued_free_their_places(server):
+    before = server.metrics()["ellm_requests_cancelled_total"]
+    h = {"Authorization": f"Bearer {KEY}"}
+    with httpx.stream("POST", server.url + "/v1/completions", headers=h, timeout=60,
+                      json={"model": "smollm2", "prompt": COUNTING, "max_tokens": 1500, "temperature": 0,
+                            "stream": True}) as running:
+        lines = running.iter_lines()  # held: a dropped iterator closes the stream
+        next(lines)  # the engine is busy with this one
+
+        def impatient(_):
+            with pytest.raises(httpx.TimeoutException):
+                httpx.post(server.url + "/v1/completions", headers=h, timeout=0.5,
+                           json={"model": "smollm2", "prompt": "Hi", "max_tokens": 4})
+
+        with cf.ThreadPoolExecutor(QUEUE) as pool:
+            list(pool.map(impatient, range(QUEUE)))
+        deadline = time.time() + 5
+        while httpx.get(server.url + "/health").json()["queue_depth"] and time.time() < deadline:
+            time.sleep(0.05)
+        assert httpx.get(server.url + "/health").json()["queue_depth"] == 0  # while the first still runs
+    time.sleep(0.3)
+    assert server.metrics()["ellm_requests_cancelled_total"] == before + QUEUE + 1
 
 
 def test_later_turns_compute_only_the_new_message(server):

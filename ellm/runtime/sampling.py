@@ -75,7 +75,8 @@ class Sampler:
 
     def __init__(self, config: SamplingConfig | None = None):
         self.config = config or SamplingConfig()
-        self.rng = np.random.default_rng(self.config.seed)
+        seed = self.config.seed
+        self.rng = np.random.default_rng(None if seed is None else seed % 2**64)  # clients send negative seeds
 
     def recent(self, history: list[int]) -> list[int]:
         """The part of `history` the penalties look at (a copy, to extend)."""

@@ -40,12 +40,27 @@ def _error(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
+async def _body(request: Request, limit: int) -> bytes:
+    """The request body, refused (413) past `limit` bytes before it is all read."""
+    size = request.headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > limit:
+        raise ApiError(413, f"the request body has {int(size)} bytes; this server takes at most {limit}")
+    chunks, n = [], 0
+    async for chunk in request.stream():
+        n += len(chunk)
+        if n > limit:
+            raise ApiError(413, f"the request body is over {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def create_app(engine, cfg: ServeConfig, scheduler: Scheduler | None = None, speculative=None,
                cache_reuse: bool = True) -> Starlette:
     metrics = Metrics(slots=engine.n_slots)
     sched = scheduler or Scheduler(engine, metrics, cfg.queue, speculative=speculative, cache_reuse=cache_reuse)
     max_prompt = min(cfg.max_prompt_tokens or engine.ctx_size, engine.ctx_size)
     max_tokens = min(cfg.max_tokens or engine.ctx_size, engine.ctx_size)
+    max_body = max(1 << 20, 64 * max_prompt)  # bytes: room for any prompt that fits, JSON escapes included
     created = int(time.time())
 
     def authorized(request: Request) -> None:
@@ -59,21 +74,25 @@ def create_app(engine, cfg: ServeConfig, scheduler: Scheduler | None = None, spe
     async def completions(request: Request, chat: bool) -> Response:
         try:
             authorized(request)
+            raw = await _body(request, max_body)
             try:
-                body = json.loads(await request.body())
-            except (ValueError, UnicodeDecodeError) as e:
-                raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+                body = json.loads(raw)
+            except (ValueError, UnicodeDecodeError, RecursionError) as e:
+                raise ApiError(400, f"the request body is not valid JSON: {str(e)[:200]}") from None
             req = await run_in_threadpool(parse_request, body, chat, engine.tokenizer, cfg.model_id, engine.ctx_size,
                                           max_prompt, max_tokens)
             job = sched.submit(req)
         except ApiError as e:
             if e.status not in (401, 503):
-                metrics.errors += 1
+                metrics.count("errors")
             return _error(e)
+        except Exception as e:  # a bug: one JSON answer, the server keeps serving
+            metrics.count("errors")
+            return _error(ApiError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error"))
         if req.stream:
-            return StreamingResponse(_stream(job, cfg.model_id), media_type="text/event-stream",
+            return StreamingResponse(_stream(job, sched, cfg.model_id), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await _whole(job, request, cfg.model_id)
+        return await _whole(job, sched, request, cfg.model_id)
 
     async def chat_completions(request: Request) -> Response:
         return await completions(request, chat=True)
@@ -160,10 +179,11 @@ def _chat_logprobs(pieces: list[Piece], tokenizer) -> dict[str, Any]:
                         for p in pieces if p.logprob is not None]}
 
 
-def _text_logprobs(pieces: list[Piece], tokenizer) -> dict[str, Any]:
+def _text_logprobs(pieces: list[Piece], tokenizer, at: int = 0) -> dict[str, Any]:
+    """`at`: the offset of the first piece's text in the whole answer (streams send one piece at a time)."""
     scored = [p for p in pieces if p.logprob is not None]
     tokens = [tokenizer.decode([p.token]) for p in scored]
-    offsets, at = [], 0
+    offsets = []
     for t in tokens:
         offsets.append(at)
         at += len(t)
@@ -180,11 +200,11 @@ async def _events(job: Job) -> AsyncIterator[tuple[str, Any]]:
             return
 
 
-async def _whole(job: Job, request: Request, model_id: str) -> Response:
+async def _whole(job: Job, sched: Scheduler, request: Request, model_id: str) -> Response:
     """A non-streamed answer; a client that goes away cancels it."""
     req, tok = job.req, job.tokenizer
     pieces: list[Piece] = []
-    watcher = asyncio.create_task(_watch_disconnect(request, job))
+    watcher = asyncio.create_task(_watch_disconnect(request, job, sched))
     try:
         async for kind, payload in _events(job):
             if kind == "piece":
@@ -197,6 +217,7 @@ async def _whole(job: Job, request: Request, model_id: str) -> Response:
                 out: Outcome = payload
     finally:
         watcher.cancel()
+        sched.cancel(job)  # a no-op for a finished job; stops one whose handler was cancelled (shutdown)
     text = "".join(p.text for p in pieces)
     ident = f"{'chatcmpl' if req.chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     if req.chat:
@@ -214,17 +235,17 @@ async def _whole(job: Job, request: Request, model_id: str) -> Response:
                                        "X-Ellm-Computed-Tokens": str(out.prompt_tokens - out.cached_tokens)})
 
 
-async def _watch_disconnect(request: Request, job: Job) -> None:
+async def _watch_disconnect(request: Request, job: Job, sched: Scheduler) -> None:
     while not await request.is_disconnected():
         await asyncio.sleep(0.05)
-    job.cancel()
+    sched.cancel(job)
 
 
 def _sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
-async def _stream(job: Job, model_id: str) -> AsyncIterator[str]:
+async def _stream(job: Job, sched: Scheduler, model_id: str) -> AsyncIterator[str]:
     """Server-sent events: a chunk per piece of text, the finish reason, usage if asked, then [DONE]. A
     client that disconnects cancels the generator here, which cancels the job."""
     req: GenRequest = job.req
@@ -232,6 +253,7 @@ async def _stream(job: Job, model_id: str) -> AsyncIterator[str]:
     created = int(time.time())
     obj = "chat.completion.chunk" if req.chat else "text_completion"
     tok = job.tokenizer
+    sent = 0  # characters of the answer sent so far (text completions' logprob offsets)
 
     def chunk(delta_text: str | None, finish: str | None, logprobs=None, extra=None) -> dict[str, Any]:
         if req.chat:
@@ -249,8 +271,9 @@ async def _stream(job: Job, model_id: str) -> AsyncIterator[str]:
             if kind == "piece":
                 lp = None
                 if req.logprobs is not None and payload.logprob is not None:
-                    lp = (_chat_logprobs if req.chat else _text_logprobs)([payload], tok)
+                    lp = _chat_logprobs([payload], tok) if req.chat else _text_logprobs([payload], tok, sent)
                 if payload.text or lp is not None:
+                    sent += len(payload.text)
                     yield _sse(chunk(payload.text, None, lp))
             elif kind == "error":
                 yield _sse(payload.body())
@@ -265,4 +288,4 @@ async def _stream(job: Job, model_id: str) -> AsyncIterator[str]:
                                 "usage": _usage(out)})
         yield "data: [DONE]\n\n"
     finally:
-        job.cancel()  # a no-op for a finished job; stops a running one whose client went away
+        sched.cancel(job)  # a no-op for a finished job; stops a running one whose client went away

@@ -30,6 +30,11 @@ class Metrics:
     last_cached_tokens: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    def count(self, name: str) -> None:
+        """One more of a counter (requests_*): from the event loop or the engine thread."""
+        with self._lock:
+            setattr(self, name, getattr(self, name) + 1)
+
     def record(self, out) -> None:
         """A finished request (scheduler.Outcome)."""
         with self._lock:

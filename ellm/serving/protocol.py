@@ -16,6 +16,9 @@ from ..runtime.textstream import check_stops
 _METADATA = {"user", "metadata", "store", "service_tier"}
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty",
            "frequency_penalty", "repeat_penalty", "repeat_last_n", "logprobs", "n", "stream", "stream_options"}
+# features eLLM does not have, accepted only at the value that asks for nothing (clients send these)
+_NEUTRAL = {"tools": ([], None), "tool_choice": ("none", None), "logit_bias": ({}, None),
+            "response_format": ({"type": "text"}, None), "parallel_tool_calls": (True, False, None)}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs"} | _METADATA
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "best_of", "suffix"} | _METADATA
 MAX_TOP_LOGPROBS = 20
@@ -59,7 +62,9 @@ def _number(body: dict, key: str, default, lo=-math.inf, hi=math.inf, integer=Fa
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
-        raise bad(f"'{key}' must be {'an integer' if integer else 'a number'}, got {v!r}", key)
+        raise bad(f"'{key}' must be {'an integer' if integer else 'a number'}, got {str(v)[:40]}", key)
+    if isinstance(v, int) and not -2**63 <= v < 2**63:  # JSON integers are unbounded; floats overflow past 1e308
+        raise bad(f"'{key}' is out of range", key)
     if not (math.isfinite(v) and lo <= v <= hi):
         raise bad(f"'{key}' must be between {lo} and {hi}, got {v!r}", key)
     return v
@@ -93,6 +98,11 @@ def parse_request(body: Any, chat: bool, tokenizer, model_id: str, ctx_size: int
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
     allowed = CHAT_FIELDS if chat else COMPLETION_FIELDS
+    for key, neutral in _NEUTRAL.items():
+        if key in body and (chat or key == "logit_bias"):
+            if body[key] not in neutral:
+                raise bad(f"'{key}' is not supported by this server", key)
+            allowed = allowed | {key}
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise bad(f"unsupported parameter{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}", unknown[0])
@@ -130,8 +140,10 @@ def parse_request(body: Any, chat: bool, tokenizer, model_id: str, ctx_size: int
             ids = tokenizer.encode_chat(messages)
         else:
             ids = _prompt_ids(body.get("prompt"), tokenizer)
-    except EllmError as e:  # a template that fails on these messages
-        raise bad(str(e), "messages" if chat else "prompt") from None
+    except ApiError:
+        raise
+    except Exception as e:  # a template that fails on these messages (jinja raises more than TemplateError)
+        raise bad(f"the prompt could not be built: {e}", "messages" if chat else "prompt") from None
     if not ids:
         raise bad("the prompt is empty", "prompt")
     if len(ids) > max_prompt:

@@ -1,7 +1,7 @@
 """One worker thread runs the batch-1 engine; requests wait in a bounded FIFO queue. Each request goes to the
 KV slot that holds the longest part of its prompt (a conversation's next turn computes only its new
-message), else to an empty or the least recently used slot. A cancelled request (its client went away) stops
-before the engine's next step; one still queued never starts.
+message), else to an empty or the least recently used slot (`choose_slot`). A cancelled request (its client
+went away) stops before the engine's next step; one still queued leaves the queue at once.
 
 The event loop never waits on the engine: results travel to it through `loop.call_soon_threadsafe`.
 """
@@ -40,11 +40,8 @@ class Job:
     enqueued: float = field(default_factory=time.perf_counter)
 
     def put(self, kind: str, payload: Any) -> None:
-        """From the worker thread: hand an event to the request's coroutine."""
+        """From any thread: hand an event to the request's coroutine."""
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
-
-    def cancel(self) -> None:
-        self.cancelled.set()
 
 
 @dataclass
@@ -85,6 +82,7 @@ class Scheduler:
         self._ids = itertools.count(1)
         self._last_used = [0.0] * engine.n_slots
         self._busy = False
+        self._running: Job | None = None
         self._closing = False
         self._mean_job_s = 1.0
         self._thread = threading.Thread(target=self._run, name="ellm-engine", daemon=True)
@@ -93,12 +91,31 @@ class Scheduler:
         self._thread.start()
 
     def close(self) -> None:
+        """Stop: queued requests are answered as cancelled, the running one stops at its next step."""
         with self._cv:
             self._closing = True
-            for job in self._queue:
-                job.cancel()
+            while self._queue:
+                self._drop(self._queue.popleft())
+            if self._running is not None:
+                self._running.cancelled.set()
             self._cv.notify_all()
-        self._thread.join(timeout=30)
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+
+    def cancel(self, job: Job) -> None:
+        """The client went away (from the event loop): a queued request leaves the queue at once, freeing its
+        place; a running one stops before the engine's next step; a finished one is left alone."""
+        with self._cv:
+            job.cancelled.set()
+            if job in self._queue:
+                self._queue.remove(job)
+                self.metrics.queue_depth = len(self._queue)
+                self._drop(job)
+
+    def _drop(self, job: Job) -> None:
+        job.cancelled.set()
+        self.metrics.count("cancelled")
+        job.put("cancelled", None)
 
     @property
     def depth(self) -> int:
@@ -112,8 +129,10 @@ class Scheduler:
         """Queue a request (from the event loop); ApiError 503 when the queue is full."""
         job = Job(req, asyncio.get_running_loop(), self.engine.tokenizer, id=next(self._ids))
         with self._cv:
+            if self._closing:
+                raise ApiError(503, "the server is shutting down", kind="server_error", code="shutting_down")
             if len(self._queue) >= self.queue_size:
-                self.metrics.rejected += 1
+                self.metrics.count("rejected")
                 wait = max(1, math.ceil(self._mean_job_s * (len(self._queue) + 1)))
                 raise ApiError(503, f"the server is busy: {len(self._queue)} requests are waiting; retry later",
                                kind="server_error", code="queue_full", headers={"Retry-After": str(min(wait, 600))})
@@ -130,41 +149,45 @@ class Scheduler:
                     self._cv.wait()
                 if self._closing:
                     return
-                job = self._queue.popleft()
+                job = self._running = self._queue.popleft()
                 self.metrics.queue_depth = len(self._queue)
-            if job.cancelled.is_set():
-                self.metrics.cancelled += 1
-                job.put("cancelled", None)
-                continue
             self._busy = True
             t = time.perf_counter()
             try:
                 job.put("done", self._serve(job))
             except Cancelled:
-                self.metrics.cancelled += 1
+                self.metrics.count("cancelled")
                 job.put("cancelled", None)
             except EllmError as e:
+                self.metrics.count("errors")
                 job.put("error", ApiError(400, str(e)))
             except Exception as e:  # a bug: the request fails, the server keeps serving
+                self.metrics.count("errors")
                 job.put("error", ApiError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error"))
             finally:
+                with self._cv:
+                    self._running = None
                 self._busy = False
                 self._mean_job_s = 0.8 * self._mean_job_s + 0.2 * (time.perf_counter() - t)
 
     def choose_slot(self, ids: list[int]) -> int:
-        """The slot whose cached tokens are mostly a prefix of `ids` (the longest such), else an empty slot,
-        else the least recently used."""
+        """Where a prompt runs: the slot whose whole cache it extends (the longest such: a conversation's next
+        turn); else an empty slot; else the slot whose cache is 80% a prefix of it (the longest: a turn whose
+        earlier answer tokenizes a little differently); else the least recently used. A shared system prompt
+        alone does not take over another conversation's slot."""
         eng = self.engine
-        best, best_n = None, 0
-        for i in range(eng.n_slots):
-            cached = eng.slot_tokens(i)
-            n = _common(cached, ids)
-            if n > best_n and 2 * n >= len(cached):
-                best, best_n = i, n
-        if best is not None:
-            return best
-        empty = [i for i in range(eng.n_slots) if not eng.slot_tokens(i)]
-        return empty[0] if empty else int(np.argmin(self._last_used))
+        common = [_common(eng.slot_tokens(i), ids) for i in range(eng.n_slots)]
+        sizes = [len(eng.slot_tokens(i)) for i in range(eng.n_slots)]
+        whole = [i for i in range(eng.n_slots) if sizes[i] and common[i] == sizes[i]]
+        if whole:
+            return max(whole, key=lambda i: common[i])
+        empty = [i for i in range(eng.n_slots) if not sizes[i]]
+        if empty:
+            return empty[0]
+        mostly = [i for i in range(eng.n_slots) if common[i] and 5 * common[i] >= 4 * sizes[i]]
+        if mostly:
+            return max(mostly, key=lambda i: common[i])
+        return int(np.argmin(self._last_used))
 
     def _serve(self, job: Job) -> Outcome:
         req, eng = job.req, self.engine
@@ -185,6 +208,8 @@ class Scheduler:
             text = stream.feed(tok)
             piece = pending.pop() if pending else Piece("", tok)
             piece.text = text
+            if stream.stopped or eng.tokenizer.is_eog(tok):  # a token whose text is never shown: no logprob
+                piece.logprob, piece.top = None, None
             job.put("piece", piece)
             return stream.stopped
 
