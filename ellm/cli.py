@@ -241,23 +241,6 @@ def cmd_inspect(a: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_targets(a: argparse.Namespace) -> int:
-    from .targets import PRESETS, detect_host, preset_for_host
-
-    from .targets import MASK_ENV, cpu_mask
-
-    host = detect_host()
-    print(f"host: {host.model_name} (LLVM cpu {host.llvm_cpu}), {host.logical_cpus} logical CPUs, caches {host.caches}")
-    if cpu_mask():
-        print(f"{MASK_ENV}: treating the host as lacking {', '.join(cpu_mask())}")
-    print(f"auto -> {preset_for_host(host).name}")
-    for p in PRESETS.values():
-        runs = "runs here" if host.can_run(p) else "cannot run here"
-        isa = p.isa.label if p.isa is not None else "float only"
-        print(f"  {p.name:16s} {isa:13s} {runs:15s} {p.description}")
-    return 0
-
-
 def cmd_demo(a: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -345,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("-f", "--file", help="read the prompt from a file")
     r.add_argument("-n", "--n-predict", type=_nonneg_int, default=128, help="maximum new tokens (default 128)")
     r.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    r.add_argument("--threads", type=_positive_int, default=None, help="threads (default: all CPUs)")
+    r.add_argument("--threads", type=_positive_int, default=None, help="threads (default: the physical cores this process may use)")
     r.add_argument("--ctx-size", type=_positive_int, default=None, help="context size (default: the model's)")
     r.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     r.add_argument("--target", default=None, help="run this target of the artifact (default: the best this CPU can run)")
@@ -371,8 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=cmd_inspect)
 
-    t = sub.add_parser("targets", help="show the detected CPU and the target presets")
-    t.set_defaults(func=cmd_targets)
+    from .targets.cli import add_parser as add_targets_parser
+
+    add_targets_parser(sub)
 
     from .autotune.cli import add_parser as add_tune_parser
 

@@ -38,7 +38,7 @@ def add_parser(sub) -> None:
                     help=f"re-time the N fastest points with the default, {CONFIRM_ROUNDS} rounds in alternation, "
                          f"and apply only what that confirms (default {CONFIRM_TOP}; 0: apply the search's fastest)")
     tu.add_argument("--seed", type=int, default=0)
-    tu.add_argument("--threads", type=_positive_int, default=None, help="threads the kernels run with (default: all CPUs)")
+    tu.add_argument("--threads", type=_positive_int, default=None, help="threads the kernels run with (default: the physical cores this process may use)")
     tu.add_argument("--tokens", type=_positive_int, default=256, help="prefill chunk the kernels are timed at")
     tu.add_argument("--ctx", type=_positive_int, default=4096,
                     help="context the attention kernels are timed at; one-token kernels reread their bytes after "

@@ -186,6 +186,7 @@ def tune_model(
     """Tune every kernel with searchable knobs (`kernels`: only those whose name matches this regex) and
     append every trial to the database at `db_path`. `bandwidth`: measure this machine's read bandwidth first
     and record it with the run."""
+    from ..numa.topology import default_threads
     from ..runtime.threads import set_threads
 
     preset = resolve_target(target)
@@ -195,7 +196,7 @@ def tune_model(
     workload = model_workload(workload, cfg, g)
     db = TuningDatabase.open(db_path)
     host = detect_host()
-    n_threads = getattr(runner, "threads", None) or threads or host.logical_cpus  # RPC: the servers' pools
+    n_threads = getattr(runner, "threads", None) or threads or default_threads()  # RPC: the servers' pools
     set_threads(n_threads)
     if runner is not None:
         runner.workload = workload  # with the model's layers and step bytes

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 from ..cli import (_nonneg_int, _positive_int, add_attention_args, add_rope_scaling_args, attention_overrides,
                    rope_scaling_option)
 from ..errors import EllmError
+from ..numa.topology import default_threads
 
 
 def add_parser(sub) -> None:
@@ -76,7 +76,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         return _bench_spec(a, artifact, model, llama, log)
     cfg = BenchConfig(
         artifact=artifact, model=model, ctxs=_ints(a.ctx or "512,2048,8000", "--ctx"), gen=a.gen or 64, warmup=a.warmup,
-        repeat=a.repeat, rounds=a.rounds, threads=a.threads or (os.cpu_count() or 1), llama=llama, target=a.target,
+        repeat=a.repeat, rounds=a.rounds, threads=a.threads or default_threads(), llama=llama, target=a.target,
         attention=attention_overrides(a), rope_scaling=rope_scaling_option(a),
         others=tuple(Path(p) for p in split(a.compare or "")),
     )
@@ -112,7 +112,7 @@ def _bench_spec(a: argparse.Namespace, artifact: Path, model: Path, llama, log) 
         artifact=artifact, model=model, ctxs=_ints(a.ctx or "2048,8000", "--ctx"), gen=a.gen or 256, chain=a.chain,
         drafters=tuple(d.strip() for d in a.draft.split(",") if d.strip()),
         draft_model=Path(a.draft_model) if a.draft_model else None,
-        rounds=a.rounds, threads=a.threads or (os.cpu_count() or 1), tasks=a.tasks,
+        rounds=a.rounds, threads=a.threads or default_threads(), tasks=a.tasks,
         llama_build=lc.build if lc else None, llama_kv=lc.kv_type if lc else "f16", llama_flash=lc.flash_attn if lc else True)
     report = run_spec_bench(cfg, log=log)
     print(json.dumps(report, indent=1) if a.json else format_spec_table(report))

@@ -5,7 +5,6 @@ Every forward step, whatever its number of tokens, is one call into the compiled
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from .hugepages import huge_arrays
 from .rope import rope_table
 from .sampling import Sampler, SamplingConfig
 from .threads import set_threads
+from ..numa.topology import default_threads
 
 
 @dataclass
@@ -108,7 +108,7 @@ class Engine:
             cfg = cfg.with_rope_scaling(*rope_scaling)
         self.artifact = artifact
         self.config = cfg
-        self.threads = int(threads or os.cpu_count() or 1)
+        self.threads = int(threads or default_threads())  # physical cores, not SMT siblings (numa/topology.py)
         if self.threads < 1:
             raise EllmError(f"threads must be at least 1, got {threads}")
         self.ctx_size = int(ctx_size or cfg.ctx_train)

@@ -27,7 +27,7 @@ def add_parser(sub) -> None:
     s.add_argument("--max-prompt-tokens", type=_positive_int, default=None, help="longest prompt accepted (default: the context)")
     s.add_argument("--max-tokens", type=_positive_int, default=None,
                    help="the most tokens a request may ask for (default: the context)")
-    s.add_argument("--threads", type=_positive_int, default=None, help="threads (default: all CPUs)")
+    s.add_argument("--threads", type=_positive_int, default=None, help="threads (default: the physical cores this process may use)")
     s.add_argument("--ctx-size", type=_positive_int, default=None, help="context size per slot (default: the model's)")
     s.add_argument("--target", default=None, help="run this target of the artifact (default: the best this CPU can run)")
     add_rope_scaling_args(s)
