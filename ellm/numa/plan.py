@@ -1,0 +1,185 @@
+"""A NUMA layout plan: which rows of every matmul weight, and which KV heads, live on which node, and which
+of a node's threads computes which rows, so that every thread reads only its own node's memory.
+
+- The K and V heads are split into contiguous per-node ranges (per-head slices of the cache). The fused
+  Q/K/V weight follows them: a node computes the query heads of its KV heads' groups and its K and V rows,
+  so the keys and values it appends are written to its own memory.
+- Every other matmul's rows are split into tile-aligned (16-row) contiguous ranges, sized so that each node's
+  running total of weight bytes stays as even as the tiles allow (the Q/K/V split, fixed by the heads, is
+  evened out by the others).
+- Within a node, thread j of t takes units [floor(n j / t), floor(n (j + 1) / t)) of each of the node's
+  ranges: a fixed task -> thread map (`tasks`).
+- Vectors (norms), the embedding table (one row read per token) and activations are replicated or
+  interleaved: they are small or read sparsely.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import EllmError
+from .topology import Topology
+
+TILE_ROWS = 16
+
+
+@dataclass(frozen=True)
+class WeightRows:
+    """One matmul weight as the planner sees it: `units` row tiles of `unit_bytes` each (all its components).
+    `heads`: for the fused Q/K/V weight, (n_heads, n_kv_heads, head_dim) to split it by KV head groups."""
+
+    name: str
+    units: int
+    unit_bytes: float
+    heads: tuple[int, int, int] | None = None
+
+    @property
+    def nbytes(self) -> float:
+        return self.units * self.unit_bytes
+
+
+@dataclass(frozen=True)
+class MatrixSplit:
+    name: str
+    ranges: tuple[tuple[tuple[int, int], ...], ...]  # [node] -> unit ranges [start, end), tile units
+    unit_bytes: float
+
+    def units(self, node: int) -> int:
+        return sum(b - a for a, b in self.ranges[node])
+
+
+@dataclass(frozen=True)
+class NumaPlan:
+    nodes: tuple[int, ...]  # NUMA node ids, in plan order
+    cpus: tuple[tuple[int, ...], ...]  # [node] -> the CPUs whose threads run its tasks (one per core)
+    matrices: tuple[MatrixSplit, ...]
+    kv_heads: tuple[tuple[int, int], ...]  # [node] -> KV head range [start, end)
+
+    def bytes_per_node(self) -> list[float]:
+        return [sum(m.units(k) * m.unit_bytes for m in self.matrices) for k in range(len(self.nodes))]
+
+    def imbalance(self) -> float:
+        """Largest node's bytes over the mean, less 1."""
+        b = self.bytes_per_node()
+        mean = sum(b) / len(b)
+        return max(b) / mean - 1 if mean else 0.0
+
+    def matrix(self, name: str) -> MatrixSplit:
+        for m in self.matrices:
+            if m.name == name:
+                return m
+        raise KeyError(name)
+
+    def tasks(self, name: str) -> list[tuple[int, int, tuple[tuple[int, int], ...]]]:
+        """The fixed task -> thread map of one matrix: (node id, CPU, unit ranges) per thread, node by node."""
+        m = self.matrix(name)
+        out = []
+        for k, cpus in enumerate(self.cpus):
+            for j, cpu in enumerate(cpus):
+                mine = []
+                for a, b in m.ranges[k]:
+                    n = b - a
+                    lo, hi = a + n * j // len(cpus), a + n * (j + 1) // len(cpus)
+                    if hi > lo:
+                        mine.append((lo, hi))
+                out.append((self.nodes[k], cpu, tuple(mine)))
+        return out
+
+    def to_dict(self) -> dict:
+        return {"nodes": list(self.nodes), "cpus": [list(c) for c in self.cpus],
+                "kv_heads": [list(r) for r in self.kv_heads], "bytes_per_node": [round(b) for b in self.bytes_per_node()],
+                "matrices": {m.name: [[list(r) for r in rs] for rs in m.ranges] for m in self.matrices}}
+
+
+def split_heads(n: int, parts: int) -> list[tuple[int, int]]:
+    """n heads into `parts` contiguous ranges differing by at most one (the first ones larger)."""
+    base, extra = divmod(n, parts)
+    out, at = [], 0
+    for k in range(parts):
+        size = base + (k < extra)
+        out.append((at, at + size))
+        at += size
+    return out
+
+
+def _qkv_ranges(w: WeightRows, kv: list[tuple[int, int]]) -> list[tuple[tuple[int, int], ...]]:
+    """The fused Q/K/V weight's rows by KV head: a node's query heads (its KV heads' groups), keys, values."""
+    n_heads, n_kv, head_dim = w.heads
+    if head_dim % TILE_ROWS or n_heads % n_kv:
+        raise EllmError(f"{w.name}: heads of {head_dim} rows or groups of {n_heads}/{n_kv} do not split by tiles")
+    per = head_dim // TILE_ROWS  # tile units per head
+    group = n_heads // n_kv
+    q_units, k_units = n_heads * per, n_kv * per
+    if q_units + 2 * k_units != w.units:
+        raise EllmError(f"{w.name}: {w.units} tiles is not Q + K + V of {n_heads} + 2 x {n_kv} heads")
+    out = []
+    for a, b in kv:
+        rs = [(a * group * per, b * group * per), (q_units + a * per, q_units + b * per),
+              (q_units + k_units + a * per, q_units + k_units + b * per)]
+        out.append(tuple(r for r in rs if r[1] > r[0]))
+    return out
+
+
+def _even_split(units: int, need: list[float], unit_bytes: float) -> list[int]:
+    """Units per node summing to `units`, each node taking as close as it can to what it `need`s (bytes
+    behind the mean), the largest remainders rounding up."""
+    want = [max(0.0, x) / unit_bytes for x in need]
+    total = sum(want)
+    share = [units / len(need)] * len(need) if total <= 0 else [w * units / total for w in want]
+    if total > 0 and total < units:  # the deficits fill only part: spread the rest evenly
+        share = [w + (units - total) / len(need) for w in want]
+    counts = [int(s) for s in share]
+    for k in sorted(range(len(need)), key=lambda k: (counts[k] - share[k], k))[: units - sum(counts)]:
+        counts[k] += 1
+    return counts
+
+
+def plan_layout(weights: list[WeightRows], n_kv_heads: int, topology: Topology, nodes: list[int] | None = None,
+                allowed: set[int] | None = None) -> NumaPlan:
+    """The plan for `weights` over `nodes` of `topology` (default: every node with CPUs), each node's threads
+    one per physical core (of `allowed` CPUs)."""
+    use = [n for n in topology.nodes if (nodes is None and n.cpus) or (nodes is not None and n.id in nodes)]
+    if not use:
+        raise EllmError("no NUMA node with CPUs to plan for")
+    cpus = tuple(tuple(topology.physical_cores(allowed, {n.id})) for n in use)
+    if any(not c for c in cpus):
+        raise EllmError("a NUMA node in the plan has no CPU this process may use")
+    kv = split_heads(n_kv_heads, len(use))
+    totals = [0.0] * len(use)
+    splits = []
+    for w in weights:
+        if w.heads is not None:
+            ranges = _qkv_ranges(w, kv)
+        else:
+            mean = (sum(totals) + w.nbytes) / len(use)
+            counts = _even_split(w.units, [mean - t for t in totals], w.unit_bytes)
+            ranges, at = [], 0
+            for c in counts:
+                ranges.append(((at, at + c),) if c else ())
+                at += c
+        split = MatrixSplit(w.name, tuple(ranges), w.unit_bytes)
+        for k in range(len(use)):
+            totals[k] += split.units(k) * w.unit_bytes
+        splits.append(split)
+    return NumaPlan(tuple(n.id for n in use), cpus, tuple(splits), tuple(kv))
+
+
+def weights_of_manifest(manifest: dict) -> list[WeightRows]:
+    """The matmul weights of an artifact, from its parameter records: components grouped by weight; tiled
+    ones count their tiles, row-major ones their rows in 16-row units. The gathered embedding table and
+    vectors are left out (replicated)."""
+    cfg = manifest["config"]
+    groups: dict[str, list[dict]] = {}
+    for p in manifest["params"]:
+        groups.setdefault(p["name"].split(":")[0], []).append(p)
+    out = []
+    for name, comps in groups.items():
+        lead = comps[0]
+        if len(lead["shape"]) < 2 or name in ("token_embd.weight", "lm_head.index"):
+            continue
+        units = lead["shape"][0] if lead.get("layout") == "tile16" else -(-lead["shape"][0] // TILE_ROWS)
+        heads = None
+        if "attn_q+attn_k+attn_v" in name:
+            heads = (cfg["n_heads"], cfg["n_kv_heads"], cfg["head_dim"])
+        out.append(WeightRows(name, units, sum(c["nbytes"] for c in comps) / units, heads))
+    return out
