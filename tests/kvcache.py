@@ -216,11 +216,20 @@ def qmax_of(bits: int) -> int:
     return 127 * 256 if bits == 16 else 127
 
 
-def scores_ref(plan: KVPlan, layer: int, k: np.ndarray, q: np.ndarray, t: int, H: int, int_bits: int) -> np.ndarray:
+# Rotated keys (plan.rotated): the kernels rotate the query with float32 butterflies, whose rounding the
+# model's rotation does not follow bit for bit, so a query component within this many rounding steps of a
+# tie (x.5) may round either way there.
+Q_TIE = 1e-3
+
+
+def scores_ref(plan: KVPlan, layer: int, k: np.ndarray, q: np.ndarray, t: int, H: int, int_bits: int,
+               flip: tuple[int, int, int] | None = None, ties: list | None = None) -> np.ndarray:
     """[H, t + 1] scaled scores of query q [H * hd] at position t, as the kernels compute them. With
     `int_bits` (the integer paths: 16 or 8; 0: float), keys of quantised store blocks score as
     kc + qf * sum_d qi_d code_d: q * scale rounded to int_bits bits per head and block
-    (qf = max |q * scale| / qmax_of(int_bits)), the sum exact."""
+    (qf = max |q * scale| / qmax_of(int_bits)), the sum exact. On rotated layers, `ties` (a list) collects
+    the (head, block, dimension) of query components within Q_TIE of a rounding tie; `flip` rounds one of
+    them the other way."""
     B, hd = plan.block, plan.head_dim
     Hkv = k.shape[0]
     G = H // Hkv
@@ -239,7 +248,15 @@ def scores_ref(plan: KVPlan, layer: int, k: np.ndarray, q: np.ndarray, t: int, H
             amax = np.abs(qk).max()
             qmax = np.float32(qmax_of(int_bits))
             inv = qmax / amax if amax > 0 else np.float32(0.0)
-            qi = np.floor(qk * inv + np.float32(0.5))
+            x = qk * inv
+            qi = np.floor(x + np.float32(0.5))
+            if plan.rotated(layer):
+                near = np.flatnonzero(np.abs((x % 1.0) - 0.5) < Q_TIE)
+                if ties is not None:
+                    ties += [(h, b, int(d)) for d in near]
+                if flip is not None and flip[:2] == (h, b):
+                    d = flip[2]
+                    qi[d] = np.floor(x[d]) if qi[d] > x[d] else np.ceil(x[d])
             kc = (qs[h].astype(np.float64) * mn).sum()
             s[h, b * B : (b + 1) * B] = kc + np.float64(amax / qmax) * (qi.astype(np.float64) @ codes)
     return s
@@ -257,10 +274,22 @@ def attend_ref(plan: KVPlan, layer: int, k: np.ndarray, v: np.ndarray, q: np.nda
     round the other way there: `slack` [H * hd] is what such ties can move the output by (one step f of the
     rounding times the largest code, over the softmax sum, per tie). At 16 bits it is negligible; at 8 bits a
     single tie is a few 1e-4."""
+    ties: list = []
+    s = scores_ref(plan, layer, k, q, t, H, int_bits, ties=ties)
+    out, slack = _attend(plan, layer, s, k, v, t, H, int_bits, keys, value_bits)
+    for tie in ties:  # a query component the kernel may round the other way: what that would change
+        alt, _ = _attend(plan, layer, scores_ref(plan, layer, k, q, t, H, int_bits, flip=tie), k, v, t, H, int_bits,
+                         keys, value_bits)
+        slack += np.abs(alt - out)
+    return out, slack
+
+
+def _attend(plan: KVPlan, layer: int, s: np.ndarray, k: np.ndarray, v: np.ndarray, t: int, H: int, int_bits: int,
+            keys: list | None, value_bits: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """attend_ref over given scores s [H, t + 1]."""
     B, hd = plan.block, plan.head_dim
     G = H // k.shape[0]
     _, vs = visible(plan, layer, k, v, t)
-    s = scores_ref(plan, layer, k, q, t, H, int_bits)
     vt = plan.v[layer]
     value_bits = int_bits if value_bits is None else value_bits
     blocks = stored_blocks(plan, t) if value_bits and not vt.is_float else range(0)

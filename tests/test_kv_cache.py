@@ -95,7 +95,7 @@ def test_pinned_blocks_and_rotation_in_the_plan():
 def test_truncation_keeps_pinned_blocks():
     """A cache truncated to n tokens is reusable while the ring still holds what a query at n reads from it:
     the pinned block always; the recent ones only if not yet overwritten."""
-    from ellm.runtime.engine import _Cache
+    from ellm.runtime.state import _Cache
 
     c = _Cache(hi_block=20)
     assert c.restorable(64 * 20 + 5, 64, 2, ring=8, pinned=1)

@@ -6,7 +6,6 @@ Every forward step, whatever its number of tokens, is one call into the compiled
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
@@ -18,71 +17,10 @@ from ..speculative.config import SpeculativeConfig
 from .artifact import Artifact
 from .hugepages import huge_arrays
 from .rope import rope_table
+from .state import GenerationStats, _Cache  # noqa: F401 (GenerationStats: the engine's API)
 from .sampling import Sampler, SamplingConfig
 from .threads import set_threads
 from ..numa.topology import default_threads
-
-
-@dataclass
-class GenerationStats:
-    prompt_tokens: int = 0
-    reused_tokens: int = 0  # prompt tokens whose KV came from the cache
-    prefill_s: float = 0.0
-    ttft_s: float = 0.0  # call start -> first new token chosen
-    decode_tokens: int = 0  # tokens produced after the first (by decode or verification steps)
-    decode_s: float = 0.0
-    stop_reason: str = ""
-    decode_steps: int = 0  # one-token steps
-    verify_steps: int = 0  # verification steps of speculative chains
-    drafted: int = 0  # drafted tokens verified
-    accepted: int = 0  # of them, accepted
-    draft_s: float = 0.0  # of decode_s, seconds in a draft model (drafting and catching up)
-
-    @property
-    def accept_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else float("nan")
-
-    @property
-    def mean_accepted(self) -> float:
-        """Drafted tokens accepted per verification step."""
-        return self.accepted / self.verify_steps if self.verify_steps else float("nan")
-
-    @property
-    def steps_saved(self) -> int:
-        """Tokens after the first less the forward steps that produced them."""
-        return self.decode_tokens - self.decode_steps - self.verify_steps
-
-    @property
-    def prefill_tok_s(self) -> float:
-        n = self.prompt_tokens - self.reused_tokens
-        return n / self.prefill_s if self.prefill_s > 0 else float("nan")
-
-    @property
-    def decode_tok_s(self) -> float:
-        return self.decode_tokens / self.decode_s if self.decode_s > 0 else float("nan")
-
-
-@dataclass
-class _Cache:
-    """Which tokens the KV state holds (positions 0..n-1), how many were written by prefill steps, and
-    which blocks the float16 ring still holds."""
-
-    tokens: list[int] = field(default_factory=list)
-    exact: int = 0  # leading tokens written by the prefill path: reusing them reproduces a fresh run bit for bit
-    hi_block: int = -1  # the newest block written since the last reset; the ring holds the `ring` blocks up to it
-
-    def truncate(self, n: int) -> None:
-        del self.tokens[n:]
-        self.exact = min(self.exact, n)
-        if n == 0:
-            self.hi_block = -1
-
-    def restorable(self, n: int, block: int, recent: int, ring: int, pinned: int = 0) -> bool:
-        """Whether keeping positions < n leaves a valid state: the blocks a query at n reads from the ring
-        (its own, partly written, and the recent ones before it) must not have been overwritten. Pinned blocks
-        keep their slots; the others cycle through ring - pinned."""
-        first = max(pinned, n // block - recent + 1)
-        return n == 0 or n // block < pinned or first >= self.hi_block - (ring - pinned) + 1
 
 
 class Engine:
