@@ -84,7 +84,9 @@ def test_float_model_matches_float64_reference(tmp_path):
     P = 150
     past = [(k[:P], v[:P]) for k, v in kvs]
     tail = model.rerun(0, model.embed(ids)[P:], P, {}, past)
-    np.testing.assert_allclose(tail, xs[-1][P:], rtol=0, atol=2e-5)
+    # the tail's matmuls have 50 rows, not 200: BLAS blocks them differently, so float32 sums round apart
+    # (2.8e-5 on Zen 3's AVX2 kernels at |x| up to 9.4: about 30 ulps)
+    np.testing.assert_allclose(tail, xs[-1][P:], rtol=0, atol=8e-6 * np.abs(xs[-1]).max())
     # an edit changes the output; 16-bit activation rounding barely does, 8-bit more
     d16 = np.abs(model.rerun(0, xs[0], 0, {0: LayerEdit(act_bits=16)}) - xs[-1]).max()
     d8 = np.abs(model.rerun(0, xs[0], 0, {0: LayerEdit(act_bits=8)}) - xs[-1]).max()
