@@ -12,16 +12,12 @@ import os
 import threading
 from pathlib import Path
 
+from ..numa.topology import parse_cpu_list
+
 
 def _parse_cpu_list(text: str) -> set[int]:
     """'0-3,6' -> {0, 1, 2, 3, 6} (the kernel's Cpus_allowed_list format)."""
-    cpus: set[int] = set()
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        cpus.update(range(int(lo), int(hi or lo) + 1))
-    return cpus
+    return set(parse_cpu_list(text))
 
 
 _callers: set[int] = set()  # native ids of the threads pin_caller pinned: callers, not workers
