@@ -4,7 +4,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ellm-installed
 
-.PHONY: install test demo bench clean
+.PHONY: install test test-slow demo bench clean
 
 install: $(STAMP)
 
@@ -18,6 +18,10 @@ $(STAMP): pyproject.toml
 
 test: install
 	$(PY) -m pytest -q
+
+# what a user does once and the suite leaves out: the cold demo compile (sensitivity analysis included)
+test-slow: install
+	$(PY) -m pytest -q -m slow
 
 demo: install
 	$(VENV)/bin/ellm demo

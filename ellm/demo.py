@@ -28,6 +28,11 @@ def demo_document() -> Path:
     return path
 
 
+def demo_artifact_dir(model_sha256: str, target: str) -> Path:
+    """Where the demo keeps the default model compiled for `target` (a preset name)."""
+    return cache_root() / f"smollm2-135m-q4_1-{model_sha256[:12]}-{target}-ellm{__version__}"
+
+
 def cached_artifact(target: str = "auto", log=print) -> Path:
     """Compile the default model into the cache unless a verified artifact for it is already there."""
     from .compiler.build import CompileOptions, compile_model
@@ -37,7 +42,7 @@ def cached_artifact(target: str = "auto", log=print) -> Path:
     model = default_model_path()
     digest = sha256_file(model)
     preset = resolve_target(target)
-    out = cache_root() / f"smollm2-135m-q4_1-{digest[:12]}-{preset.name}-ellm{__version__}"
+    out = demo_artifact_dir(digest, preset.name)
     try:
         art = Artifact.open(out)
         if art.manifest["source"]["sha256"] == digest:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+
+import pytest
 
 
 def ellm(*args, env=None, timeout=900):
@@ -56,18 +60,75 @@ def test_run_speculative_with_a_prompt_cache(artifact, tmp_path):
     assert cache.read_bytes() == bytes(blob)
 
 
-def test_demo(tmp_path):
-    import os
+def _demo_cache(tmp_path, artifact):
+    """A fresh demo cache holding `artifact` where the demo looks for its compiled model."""
+    from ellm.demo import cache_root, demo_artifact_dir
+    from ellm.fsutil import sha256_file
+    from ellm.models import default_model_path
+    from ellm.targets import resolve_target
 
-    from ellm.demo import cache_root
-
-    # a fresh artifact cache, sharing the sensitivity tables: the default compile's analysis runs once per model
-    # in the whole suite (tests/test_precision_plan.py covers its caching)
-    shared = cache_root() / "sensitivity"
-    shared.mkdir(parents=True, exist_ok=True)
-    (tmp_path / "sensitivity").symlink_to(shared)
     env = dict(os.environ, ELLM_CACHE=str(tmp_path))
-    p = ellm("demo", "-n", "8", env=env, timeout=1800)  # the first compile of a suite runs the analysis (~4 min alone)
+    before = os.environ.get("ELLM_CACHE")
+    os.environ["ELLM_CACHE"] = str(tmp_path)
+    try:
+        assert cache_root() == tmp_path
+        out = demo_artifact_dir(sha256_file(default_model_path()), resolve_target("auto").name)
+    finally:
+        os.environ.pop("ELLM_CACHE") if before is None else os.environ.__setitem__("ELLM_CACHE", before)
+    return env, out
+
+
+def test_demo_answers_from_the_cached_artifact(tmp_path, artifact):
+    """`ellm demo` on a warm cache: the answer and the speeds, no compile. (The cold first run compiles the default
+    model with the sensitivity analysis, ~10 min on 2 Zen 3 cores: `make test-slow` runs it.)"""
+    env, out = _demo_cache(tmp_path, artifact)
+    out.symlink_to(artifact, target_is_directory=True)
+    p = ellm("demo", "-n", "8", env=env)
+    assert p.returncode == 0, p.stderr
+    assert f"using cached artifact {out}" in p.stderr and "compiling" not in p.stderr
+    assert "question: Is the software provided with a warranty?" in p.stdout
+    assert "prefill:" in p.stdout and "tokens/s" in p.stdout
+
+
+def test_demo_compiles_the_default_model_with_the_default_options_once(tmp_path, artifact, monkeypatch):
+    """A cold cache compiles the bundled model with every option at its default for this host's target; an
+    artifact of another model in its place is compiled again. (compile_model itself is the one `ellm compile` runs.)"""
+    from types import SimpleNamespace
+
+    import ellm.compiler.build as build
+    from ellm.compiler.build import CompileOptions
+    from ellm.demo import cached_artifact
+    from ellm.models import default_model_path
+    from ellm.targets import resolve_target
+
+    env, out = _demo_cache(tmp_path, artifact)
+    monkeypatch.setenv("ELLM_CACHE", env["ELLM_CACHE"])
+    calls = []
+
+    def compile_model(model, dest, options, force=False, log=print):
+        calls.append((model, dest, options, force))
+        shutil.copytree(artifact, dest, dirs_exist_ok=True)
+        return SimpleNamespace(seconds=1.0, artifact_bytes=1, kernels=1)
+
+    monkeypatch.setattr(build, "compile_model", compile_model)
+    logs: list[str] = []
+    assert cached_artifact("auto", logs.append) == out == cached_artifact("auto", logs.append)
+    preset = resolve_target("auto").name
+    assert calls == [(default_model_path(), out, CompileOptions(target=preset), True)]
+    assert logs[0].startswith("compiling ") and logs[-1] == f"using cached artifact {out}"
+    manifest = out / "manifest.json"
+    m = json.loads(manifest.read_text())
+    m["source"]["sha256"] = "0" * 64  # another model's artifact under this name
+    manifest.write_text(json.dumps(m))
+    cached_artifact("auto", logs.append)
+    assert len(calls) == 2
+
+
+@pytest.mark.slow
+def test_demo_cold(tmp_path):
+    """The first `ellm demo` of an install: compiles the default model (sensitivity analysis included), then answers."""
+    env = dict(os.environ, ELLM_CACHE=str(tmp_path))
+    p = ellm("demo", "-n", "8", env=env, timeout=3600)
     assert p.returncode == 0, p.stderr
     assert "prefill:" in p.stdout and "tokens/s" in p.stdout
     again = ellm("demo", "-n", "4", env=env)
