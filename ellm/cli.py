@@ -7,9 +7,11 @@ import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 from .errors import EllmError
+from .numa.cli import add_numa_args, numa_option
 
 
 def _regex(text: str) -> str:
@@ -141,7 +143,7 @@ def prefill_progress():
     return progress
 
 
-def generate_and_report(eng, text: str, a: argparse.Namespace) -> int:
+def generate_and_report(eng, text: str, a: argparse.Namespace, load_s: float | None = None) -> int:
     """Tokenize (with the chat template if asked), generate, and print text or JSON."""
     from .runtime.sampling_cli import sampling_option, stops_option
     from .runtime.textstream import TextStream
@@ -192,6 +194,9 @@ def generate_and_report(eng, text: str, a: argparse.Namespace) -> int:
                     "threads": eng.threads,
                     "ctx_size": eng.ctx_size,
                     "target": eng.target,
+                    "load_s": load_s,
+                    "max_rss_bytes": max_rss_bytes(),
+                    "numa": eng.placement.summary(),
                 }
             )
         )
@@ -208,6 +213,15 @@ def generate_and_report(eng, text: str, a: argparse.Namespace) -> int:
     return 0
 
 
+def max_rss_bytes() -> int | None:
+    """This process's peak resident memory (Linux reports kilobytes)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def _finite(x: float) -> float | None:
     """JSON has no NaN: a statistic without samples is null."""
     return None if x != x else x
@@ -217,9 +231,11 @@ def cmd_run(a: argparse.Namespace) -> int:
     from .runtime.engine import Engine
 
     text = _read_prompt(a)
+    t = time.perf_counter()
     eng = Engine.load(a.artifact, threads=a.threads, ctx_size=a.ctx_size, target=a.target,
-                      rope_scaling=rope_scaling_option(a), attention=attention_option(a, a.artifact))
-    return generate_and_report(eng, text, a)
+                      rope_scaling=rope_scaling_option(a), attention=attention_option(a, a.artifact),
+                      numa=numa_option(a))
+    return generate_and_report(eng, text, a, load_s=time.perf_counter() - t)
 
 
 def describe_target(art) -> str:
@@ -334,6 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--target", default=None, help="run this target of the artifact (default: the best this CPU can run)")
     add_rope_scaling_args(r)
     add_attention_args(r)
+    add_numa_args(r)
     from .runtime.sampling_cli import add_sampling_args
     from .speculative.cli import add_speculative_args
 

@@ -36,9 +36,10 @@ def run_ellm(a) -> dict:
     import ellm
 
     from ellm.cli import attention_option, rope_scaling_option
+    from ellm.numa.cli import numa_option
 
     eng = ellm.load(a.artifact, threads=a.threads, ctx_size=a.ctx + a.gen + a.warmup + 16, target=a.target,
-                    rope_scaling=rope_scaling_option(a), attention=attention_option(a, a.artifact))
+                    rope_scaling=rope_scaling_option(a), attention=attention_option(a, a.artifact), numa=numa_option(a))
     ids = real_tokens(eng.tokenizer.encode, a.ctx)
     eng.prefill(ids[: min(256, a.ctx)])  # warm-up: page in weights and code
     eng.reset()
@@ -55,7 +56,8 @@ def run_ellm(a) -> dict:
         for _ in range(a.gen):
             tok = int(np.argmax(eng.decode(tok)))
         rates.append(a.gen / (time.perf_counter() - t))
-    return {"prefill_s": prefill_s, "decode_tok_s": rates, "target": eng.target, "isa": eng.artifact.target["isa"]}
+    return {"prefill_s": prefill_s, "decode_tok_s": rates, "target": eng.target, "isa": eng.artifact.target["isa"],
+            "numa": eng.placement.summary()}
 
 
 def run_llama_cpp(a) -> dict:
@@ -136,8 +138,11 @@ def main() -> None:
     ap.add_argument("--no-flash-attn", dest="flash_attn", action="store_false")
     from ellm.cli import add_attention_args, add_rope_scaling_args
 
+    from ellm.numa.cli import add_numa_args
+
     add_rope_scaling_args(ap)
     add_attention_args(ap)
+    add_numa_args(ap)
     a = ap.parse_args()
     out = {"ellm": run_ellm, "llama.cpp": run_llama_cpp, "bandwidth": run_bandwidth}[a.system](a)
     out.update(system=a.system, ctx=a.ctx, threads=a.threads)

@@ -165,13 +165,17 @@ def plan_layout(weights: list[WeightRows], n_kv_heads: int, topology: Topology, 
 
 
 def weights_of_manifest(manifest: dict) -> list[WeightRows]:
-    """The matmul weights of an artifact, from its parameter records: components grouped by weight; tiled
-    ones count their tiles, row-major ones their rows in 16-row units. Vectors are left out (replicated), and
-    so is the embedding table where it is only gathered (one row per token): where the head is tied to it
-    and not split into a table of its own, the table is the head's matmul and is planned as one."""
-    cfg = manifest["config"]
+    """The matmul weights of an artifact (all its parameter records: weights_of_params)."""
+    return weights_of_params(manifest["params"], manifest["config"])
+
+
+def weights_of_params(records: list[dict], cfg: dict) -> list[WeightRows]:
+    """The matmul weights of parameter records (one target's): components grouped by weight; tiled ones count
+    their tiles, row-major ones their rows in 16-row units. Vectors are left out (replicated), and so is the
+    embedding table where it is only gathered (one row per token): where the head is tied to it and not
+    split into a table of its own, the table is the head's matmul and is planned as one."""
     groups: dict[str, list[dict]] = {}
-    for p in manifest["params"]:
+    for p in records:
         groups.setdefault(p["name"].split(":")[0], []).append(p)
     own_head = "output.weight" in groups or any(n.startswith("token_embd.weight.") for n in groups)
     gathered_only = {"lm_head.index"} | ({"token_embd.weight"} if own_head or not cfg.get("tied_embeddings") else set())

@@ -96,6 +96,23 @@ class Topology:
                     out.append(mine[0])
         return out
 
+    def pseudo(self, parts: int) -> tuple[Topology, dict[int, int]]:
+        """This machine's cores split into `parts` simulated nodes (contiguous groups of whole cores, in node
+        order), and each pseudo-node's real memory node: to run the partitioned layout where there is no NUMA
+        (its cost alone) or to rehearse a multi-node plan."""
+        cores = [(n.id, core) for n in self.nodes for core in n.cores]
+        if not 1 <= parts <= len(cores):
+            raise EllmError(f"--numa-pseudo-nodes must be between 1 and the {len(cores)} physical cores, got {parts}")
+        nodes, memory = [], {}
+        for k in range(parts):
+            mine = cores[len(cores) * k // parts : len(cores) * (k + 1) // parts]
+            real = mine[0][0]
+            nodes.append(NumaNode(k, tuple(sorted(c for _, core in mine for c in core)), tuple(core for _, core in mine),
+                                  self.node(real).memory_bytes // parts))
+            memory[k] = real
+        distances = tuple(tuple(10 if i == j else 11 for j in range(parts)) for i in range(parts))
+        return Topology(tuple(nodes), distances), memory
+
     def to_dict(self) -> dict:
         return {"nodes": [n.to_dict() for n in self.nodes], "distances": [list(r) for r in self.distances]}
 
@@ -171,11 +188,21 @@ def read_topology(root: Path | None = None) -> Topology:
     return Topology(tuple(nodes), tuple(distances))
 
 
-def allowed_cpus() -> set[int]:
+def _affinity() -> set[int]:
     try:
         return set(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return set(range(os.cpu_count() or 1))
+
+
+# the process's CPUs as it started (taskset, numactl, cgroups), taken at import: pinning the calling thread
+# (runtime/threads.py) narrows what sched_getaffinity reports afterwards
+_START_CPUS = frozenset(_affinity())
+
+
+def allowed_cpus() -> set[int]:
+    """The CPUs this process may run on, as it was started."""
+    return set(_START_CPUS)
 
 
 def default_threads(topology: Topology | None = None, allowed: set[int] | None = None) -> int:

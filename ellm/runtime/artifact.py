@@ -150,14 +150,21 @@ class Artifact:
     def tokenizer(self) -> Tokenizer:
         return Tokenizer.load(self.path / TOKENIZER, TokenizerInfo.from_dict(self.manifest["tokenizer"]))
 
-    def map_params(self, huge_pages: bool = False) -> list[np.ndarray]:
+    def param_records(self) -> list[dict]:
+        """The chosen target's parameter records (manifest entries), in the order its kernels take them."""
+        return [self.manifest["params"][i] for i in self.target["params"]]
+
+    def map_params(self, huge_pages: bool = False, place=None) -> list[np.ndarray]:
         """The chosen target's parameters as NumPy views of the weights file: memory-mapped (copy-on-write,
         never written, shared with other processes), or with `huge_pages` the arrays it uses read into private
         memory on 2 MiB pages (runtime/hugepages.py: fewer TLB misses as each step streams them), each at its
-        offset in the file."""
+        offset in the file. `place(mapped bytes, records) -> bytes`: where a NUMA placement reads them in
+        instead (numa/placement.py)."""
         params = self.params
         mm = np.memmap(self.path / WEIGHTS, dtype=np.uint8, mode="c")
-        if huge_pages:
+        if place is not None:
+            mm = place(mm, self.param_records())
+        elif huge_pages:
             from .hugepages import huge_bytes
 
             whole = huge_bytes(mm.size)  # offsets in the file are page aligned, so views stay 64-byte aligned

@@ -5,6 +5,7 @@ Every forward step, whatever its number of tokens, is one call into the compiled
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Callable, NoReturn, Sequence
@@ -20,7 +21,7 @@ from .rope import rope_table
 from .state import GenerationStats, _Cache  # noqa: F401 (GenerationStats: the engine's API)
 from .sampling import Sampler, SamplingConfig
 from .threads import set_threads
-from ..numa.topology import default_threads
+from ..numa.placement import NumaOptions, Placement
 
 
 class Engine:
@@ -33,11 +34,15 @@ class Engine:
         rope_scaling: tuple[str, float] | None = None,
         attention: AttentionConfig | None = None,
         huge_pages: bool = True,
+        numa: NumaOptions | None = None,
+        log: Callable[[str], None] | None = None,
     ):
         """`rope_scaling`: (kind, factor) replacing the GGUF's RoPE scaling, e.g. ("yarn", 4.0) to run past
         the trained context. `attention`: dense or block-sparse (kv/attention.py; default: sparse).
         `huge_pages`: weights (read into private memory) and KV state on 2 MiB pages (runtime/hugepages.py);
-        off, the weights stay a shared memory map."""
+        off, the weights stay a shared memory map. `numa`: placement of weights, KV cache and threads on NUMA nodes
+        (numa/placement.py; default: distribute on a machine of several nodes, TVM's pinning on one). `log`:
+        where placement warnings go (default: stderr)."""
         import tvm
         from tvm import relax
 
@@ -46,9 +51,12 @@ class Engine:
             cfg = cfg.with_rope_scaling(*rope_scaling)
         self.artifact = artifact
         self.config = cfg
-        self.threads = int(threads or default_threads())  # physical cores, not SMT siblings (numa/topology.py)
-        if self.threads < 1:
+        if threads is not None and int(threads) < 1:
             raise EllmError(f"threads must be at least 1, got {threads}")
+        log = log or (lambda s: print(s, file=sys.stderr))
+        self.placement = Placement.make(numa or NumaOptions(), threads, artifact.manifest, artifact.param_records())
+        self.threads = self.placement.n_threads  # physical cores, not SMT siblings (numa/threadmap.py)
+        self._cpus = self.placement.cpus  # [task] -> CPU, or None: TVM's own pinning
         self.ctx_size = int(ctx_size or cfg.ctx_train)
         if self.ctx_size < 1:
             raise EllmError(f"ctx_size must be at least 1, got {ctx_size}")
@@ -58,7 +66,7 @@ class Engine:
             raise EllmError(f"prefill_chunk must be between 1 and the artifact's max_chunk {max_chunk}, got {prefill_chunk}")
         self.max_verify = int(artifact.manifest["max_verify"])
         self.tokenizer = artifact.tokenizer()
-        set_threads(self.threads)
+        set_threads(self.threads, self._cpus)
         self.target = artifact.target["preset"]  # the artifact's target whose kernels run (runtime/artifact.py)
         if any(f.startswith("amx") for f in artifact.target["required_cpu_features"]):
             from .amx import request_amx_permission
@@ -67,12 +75,18 @@ class Engine:
 
         self._vm = relax.VirtualMachine(artifact.load_module(), tvm.cpu())
         self._fn = {e["name"]: self._vm[e["name"]] for e in artifact.manifest["entries"]}
-        self._params = tvm.runtime.convert([tvm.runtime.from_dlpack(a) for a in artifact.map_params(huge_pages)])
+        use_mmap = self.placement.options.mmap or not huge_pages
+        if use_mmap:
+            self.placement.keep_mapped(log)
+        place = None if use_mmap else (lambda mm, recs: self.placement.load_weights(mm, recs, log))
+        self._params = tvm.runtime.convert([tvm.runtime.from_dlpack(a) for a in artifact.map_params(not use_mmap, place)])
         self._rope = tvm.runtime.tensor(rope_table(cfg, self.ctx_size))
         # the KV state (kv/plan.py): the float16 ring of recent blocks and the per-class block stores
         self.kv_plan = artifact.kv_plan
         self._huge_pages = huge_pages
+        self._log = log
         self._kv_tensors, self._kv = self._new_kv_state()
+        self.placement.lock(log)
         self.attention = attention or artifact.attention()
         self._attn = tvm.runtime.tensor(self.attention.as_array(cfg.n_layers))
         self._attn_dense = tvm.runtime.tensor(AttentionConfig.dense().as_array(cfg.n_layers))
@@ -100,7 +114,9 @@ class Engine:
         nb = self.kv_plan.n_blocks(self.ctx_size)
         shapes = [(tuple(nb if d == "NB" else int(d) for d in s.shape), s.dtype) for s in self.kv_plan.state_tensors()]
         if self._huge_pages:
-            tensors = [tvm.runtime.from_dlpack(a) for a in huge_arrays(shapes)]
+            arrays = huge_arrays(shapes)
+            self.placement.place_kv(arrays, self._log)  # before the first write: pages land on their heads' nodes
+            tensors = [tvm.runtime.from_dlpack(a) for a in arrays]
         else:
             tensors = [tvm.runtime.empty(shape, dtype, tvm.cpu()) for shape, dtype in shapes]
         return tensors, tvm.runtime.convert(tensors)
@@ -130,6 +146,7 @@ class Engine:
         for _ in range(extra):
             tensors, arr = self._new_kv_state()
             self._slots.append((tensors, arr, _Cache()))
+        self.placement.lock(self._log)
 
     def select_slot(self, i: int) -> None:
         """Run on KV state i from now on (no copy)."""
@@ -229,7 +246,7 @@ class Engine:
     ):
         """Append `ids` to the cache in chunks; logits of the last token [vocab] (or of all, [len, vocab]).
         `dense` attends densely whatever the engine's attention setting."""
-        set_threads(self.threads)
+        set_threads(self.threads, self._cpus)
         arr = self._check_ids(ids)
         if arr.size == 0:
             raise EllmError("prefill needs at least one token")
@@ -247,7 +264,7 @@ class Engine:
 
     def decode(self, token: int) -> np.ndarray:
         """Append one token; logits of it [vocab]."""
-        set_threads(self.threads)
+        set_threads(self.threads, self._cpus)
         if not 0 <= token < self.config.vocab_size:
             self._bad_id()
         self._one[0] = token
@@ -257,7 +274,7 @@ class Engine:
         """Append `ids` in one step whose rows are computed as one-token steps: logits [len(ids), vocab],
         row i equal bit for bit to what decode would return for ids[i] after ids[:i] (a speculative chain's
         verification, speculative/chain.py). At most the artifact's max_verify tokens."""
-        set_threads(self.threads)
+        set_threads(self.threads, self._cpus)
         arr = self._check_ids(ids)
         if not 1 <= arr.size <= self.max_verify:
             raise EllmError(f"a verification step takes 1 to {self.max_verify} tokens, got {arr.size}")

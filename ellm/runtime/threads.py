@@ -71,14 +71,41 @@ def pin_caller() -> None:
 _caller = threading.local()  # per calling thread: `threads`, the pool size it last configured (and was pinned for)
 
 
-def set_threads(n: int) -> None:
+SPECIFY_ONE_CORE_PER_THREAD = -2  # TVM's ThreadGroup::kSpecifyOneCorePerThread: worker i pinned to cpus[i]
+
+
+def set_threads(n: int, cpus: tuple[int, ...] | None = None) -> None:
     """Use `n` threads of TVM's pool for the following kernels, the caller running task 0 on its own core.
 
-    Configuring the pool gives the caller every core again, so it is pinned after each configuration,
-    once per calling thread."""
+    Without `cpus`, TVM pins its workers (to the machine's first cores, whatever the process's affinity mask)
+    and the caller is kept off their cores. With `cpus` ([task] -> CPU, numa/threadmap.py), worker i runs on
+    cpus[i] and the caller on cpus[0]. Configuring the pool gives the caller every core again, so it is
+    pinned after each configuration, once per calling thread."""
     import tvm
 
-    if tvm.runtime.num_threads() != n or getattr(_caller, "threads", None) != n:
-        tvm.get_global_func("runtime.config_threadpool")(1, n)
-        pin_caller()
-        _caller.threads = n
+    key = (n, tuple(cpus) if cpus is not None else None)
+    if tvm.runtime.num_threads() != n or getattr(_caller, "config", None) != key:
+        if cpus is None:
+            tvm.get_global_func("runtime.config_threadpool")(1, n)
+            pin_caller()
+        else:
+            if len(cpus) != n:
+                raise ValueError(f"{n} threads need {n} CPUs, got {len(cpus)}")
+            tvm.get_global_func("runtime.config_threadpool")(SPECIFY_ONE_CORE_PER_THREAD, n, [str(c) for c in cpus])
+            if hasattr(os, "sched_setaffinity"):
+                os.sched_setaffinity(0, {cpus[0]})  # 0: the calling thread
+                _callers.add(threading.get_native_id())
+        _caller.config = key
+
+
+def thread_affinities(task_dir: Path = Path("/proc/self/task")) -> dict[int, tuple[int, ...]]:
+    """Every thread of this process (native id) -> the CPUs it may run on."""
+    out = {}
+    for t in task_dir.iterdir():
+        try:
+            for line in (t / "status").read_text().splitlines():
+                if line.startswith("Cpus_allowed_list:"):
+                    out[int(t.name)] = parse_cpu_list(line.split(":", 1)[1])
+        except OSError:
+            continue
+    return out

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import EllmError
+from ..numa.cli import add_numa_args, numa_option
 
 
 def add_parser(sub) -> None:
@@ -33,6 +34,7 @@ def add_parser(sub) -> None:
     add_rope_scaling_args(s)
     add_attention_args(s)
     add_speculative_args(s)
+    add_numa_args(s)
     s.set_defaults(func=cmd_serve)
 
 
@@ -53,7 +55,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     path = artifact_for(a.model, cache_root(), "serve") if a.model else cached_artifact("auto", log)
     spec = speculative_option(a)
     eng = Engine.load(path, threads=a.threads, ctx_size=a.ctx_size, target=a.target,
-                      rope_scaling=rope_scaling_option(a), attention=attention_option(a, path))
+                      rope_scaling=rope_scaling_option(a), attention=attention_option(a, path), numa=numa_option(a))
     eng.add_slots(a.slots)
     if spec is not None and spec.draft_model:
         eng.draft_engine(spec.draft_model)
