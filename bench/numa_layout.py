@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from ellm.fsutil import atomic_write_text
+from ellm.bench.report import emit_report
 
 
 def worker(artifact: str, a, *extra: str) -> dict:
@@ -72,11 +72,7 @@ def main() -> int:
                  for k, v in loads.items()},
         "ctx": a.ctx, "gen": a.gen, "threads": a.threads, "rounds": a.rounds,
     }
-    text = json.dumps(report, indent=1)
-    if a.out:
-        atomic_write_text(a.out, text + "\n")
-    print(text)
-    return 0
+    return emit_report(report, a.out)
 
 
 if __name__ == "__main__":

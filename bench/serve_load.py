@@ -12,7 +12,7 @@ import sys
 from dataclasses import asdict
 
 from ellm.bench.serve import overhead, soak
-from ellm.fsutil import atomic_write_text
+from ellm.bench.report import emit_report
 
 
 def main() -> int:
@@ -32,11 +32,7 @@ def main() -> int:
         print(json.dumps(report["overhead"]), file=sys.stderr)
     if a.soak:
         report["soak"] = asdict(soak(a.artifact, a.soak, doc_tokens=a.doc_tokens, threads=a.threads))
-    text = json.dumps(report, indent=1)
-    if a.out:
-        atomic_write_text(a.out, text + "\n")
-    print(text)
-    return 0
+    return emit_report(report, a.out)
 
 
 if __name__ == "__main__":
