@@ -105,8 +105,8 @@ class Placement:
     def _bind_pages(self, a: np.ndarray, wants: list[tuple[int, int, int | None]], log) -> None:
         """Bind `a` (2 MiB aligned, huge pages) as `wants` ([start, stop) bytes -> plan node, None: interleaved)
         say, a huge page at a time: each goes to the memory node owning most of its bytes, and consecutive
-        pages of one node are bound in one call. (Binding each range apart splits the mapping into thousands
-        of areas whose edges break huge pages: measured 4-14% slower decode on SmolLM2.)"""
+        pages of one node are bound in one call. (A huge page lives on one node anyway, and binding each range
+        apart splits the mapping into thousands of areas whose unaligned edges cannot be huge pages.)"""
         if not self.binding:
             return
         base = a.ctypes.data
