@@ -79,6 +79,7 @@ def compile_options(a: argparse.Namespace, target: str | None = None):
         budget_ctx=a.budget_ctx,
         calibration=a.calibration,
         draft_layers=getattr(a, "draft_layers", None),
+        numa_nodes=getattr(a, "numa_nodes", None),
     )
 
 
@@ -101,6 +102,9 @@ def add_compile_option_args(c: argparse.ArgumentParser) -> None:
     add_precision_args(c)
     c.add_argument("--no-prefetch", action="store_true", help="compile without software prefetch")
     c.add_argument("--max-chunk", type=_positive_int, default=256, help="most tokens per prefill step (default 256)")
+    c.add_argument("--numa-nodes", type=_positive_int, default=None, metavar="N",
+                   help="plan the NUMA layout (weight rows and KV heads per node) for N nodes and record it in the "
+                        "manifest; load uses it where N nodes are in use (default: planned at load)")
     c.add_argument("--draft-layers", type=_positive_int, default=None, metavar="L",
                    help="build a self-draft for speculative decoding (ellm run --draft model --draft-model DIR): the "
                         "model's first L layers and its head, at --quant-level 2 unless a recipe is given")

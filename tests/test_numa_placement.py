@@ -146,7 +146,7 @@ def _drop_ipc_lock() -> None:
 
 MLOCK_REFUSED = """
 import numpy as np
-from ellm.numa.placement import NumaOptions
+from ellm.numa.placement import NumaOptions, Placement
 from ellm.runtime.hugepages import huge_bytes
 p = Placement(NumaOptions(mlock=True), "none", 1, None, None)
 p.regions.append(("weights", huge_bytes(64 << 20)))

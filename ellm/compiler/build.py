@@ -68,6 +68,8 @@ class CompileOptions(TargetOptions):
                             "source), not the measured plan: the analysis measures the whole model")
         if not self.target_names():
             raise EllmError("--target needs at least one preset name or auto")
+        if self.numa_nodes is not None and not 1 <= self.numa_nodes <= 64:
+            raise EllmError(f"--numa-nodes must be between 1 and 64, got {self.numa_nodes}")
 
     def target_names(self) -> list[str]:
         return [n.strip() for n in self.target.split(",") if n.strip()]
@@ -194,6 +196,7 @@ def compile_model(
                       if options.draft_layers is not None else None),
             "targets": [b.manifest_entry(options.for_targets(), ids) for b, ids in zip(builds, per_target)],
             "kv_cache": builds[0].kv_plan.to_dict(),
+            "numa": builds[0].graph.meta("numa"),  # the layout for --numa-nodes N (None: planned at load)
             "precision": (plan.to_dict() if plan is not None else {"origin": "source", "weights": {}}),
             "attention": _planned_attention(plan).to_dict(),  # the read budget it was planned for
             "prefetch": options.prefetch,

@@ -49,6 +49,8 @@ class TargetOptions:
     # a self-draft for speculative decoding: only the first `draft_layers` layers, then the output norm and head
     # (speculative/drafters.py); None: the whole model
     draft_layers: int | None = None
+    # plan the NUMA layout for this many nodes and record it in the manifest (None: planned at load)
+    numa_nodes: int | None = None
 
 
 KV_STORES = ("protected", "plain")
@@ -123,7 +125,7 @@ def pass_context(options: TargetOptions, preset: TargetPreset, plan: PrecisionPl
     assert activations in ACTIVATIONS
     kv = KVOptions(parse_kv_type(options.cache_type_k), parse_kv_type(options.cache_type_v), options.kv_block,
                    options.kv_recent, step_tokens(options), *kv_store_fields(options.kv_store))
-    return PassContext(preset, activations, chunks, kv, plan, attention_bits)
+    return PassContext(preset, activations, chunks, kv, plan, attention_bits, options.numa_nodes)
 
 
 def build_graph(gf: GGUFFile, cfg: ModelConfig, options: TargetOptions, preset: TargetPreset,

@@ -218,6 +218,13 @@ class Graph:
     def copy(self) -> Graph:
         return Graph(self.g.copy(), list(self.outputs))
 
+    # --- whole-graph facts passes record (e.g. the NUMA plan), kept by copy() ------------------------
+    def set_meta(self, key: str, value: Any) -> None:
+        self.g.graph[key] = value
+
+    def meta(self, key: str, default: Any = None) -> Any:
+        return self.g.graph.get(key, default)
+
     def check(self) -> None:
         """Structural invariants every pass must keep."""
         if not nx.is_directed_acyclic_graph(self.g):

@@ -64,6 +64,8 @@ class PassContext:
     # bits attention's integer dot products round the query and the value weights to (None: those of the
     # one-token matmuls' activations, 16 for int16 and 8 for int8)
     attention_bits: int | None = None
+    # NUMA nodes to plan the layout for at compile (None: planned at load for the machine present)
+    numa_nodes: int | None = None
 
     def __post_init__(self) -> None:
         if self.chunk_activations is None:
@@ -75,6 +77,8 @@ class PassContext:
             raise ValueError("steps and chunks both use integer activations, or both float")
         if self.attention_bits not in (None, 8, 16):
             raise ValueError(f"attention_bits must be 8 or 16, got {self.attention_bits}")
+        if self.numa_nodes is not None and not 1 <= self.numa_nodes <= 64:
+            raise ValueError(f"numa_nodes must be between 1 and 64, got {self.numa_nodes}")
 
     @property
     def integer(self) -> bool:

@@ -17,6 +17,7 @@ from .passes import (
     fuse_rope_kv_append,
     fuse_sibling_matmuls,
     plan_kv_cache,
+    plan_numa_layout,
     split_vocab_head,
 )
 
@@ -60,7 +61,10 @@ PIPELINE: tuple[Phase, ...] = (
     ),
     Phase(
         "memory",
-        (plan_kv_cache,),  # KV block layout, per-layer K/V precision; cache ops learn their storage class
+        (
+            plan_kv_cache,  # KV block layout, per-layer K/V precision; cache ops learn their storage class
+            plan_numa_layout,  # weight rows and KV heads per NUMA node (--numa-nodes N; recorded in the manifest)
+        ),
     ),
 )
 

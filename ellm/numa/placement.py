@@ -64,6 +64,7 @@ class Placement:
     locked: int = 0  # regions[:locked] are locked
     weights: str = "copy"  # copy: private, on huge pages (placed where a plan is); mmap: the file's page cache
     memory_nodes: dict[int, int] = field(default_factory=dict)  # plan node -> memory node bound (pseudo-nodes)
+    plan_origin: str | None = None  # "artifact": compiled for this node count (--numa-nodes); "load": planned here
 
     @classmethod
     def make(cls, options: NumaOptions, threads: int | None, manifest: dict, records: list[dict],
@@ -80,13 +81,19 @@ class Placement:
             home = {topology.node_of_cpu(start_cpu)} if mode == "isolate" else None
             threads = len(topology.physical_cores(allowed, home)) or 1
         tmap = thread_map(mode, int(threads), topology, allowed, start_cpu)
-        plan = None
+        plan, origin = None, None
         if tmap is not None:
             nodes = list(tmap.node_ids())
-            plan = plan_layout(weights_of_params(records, manifest["config"]), manifest["config"]["n_kv_heads"],
-                               topology, nodes=nodes, allowed=allowed)
-            plan = replace(plan, cpus=tuple(tmap.cpus_of(n) for n in plan.nodes))
-        return cls(options, mode, int(threads), tmap, plan, memory_nodes=memory_nodes)
+            weights = weights_of_params(records, manifest["config"])
+            cpus = tuple(tmap.cpus_of(n) for n in nodes)
+            compiled = manifest.get("numa")
+            if compiled is not None and len(compiled["nodes"]) == len(nodes):
+                # the artifact's layout for this many nodes: its k-th node is the k-th node in use here
+                plan, origin = replace(NumaPlan.from_dict(compiled, weights, cpus), nodes=tuple(nodes)), "artifact"
+            else:
+                plan = plan_layout(weights, manifest["config"]["n_kv_heads"], topology, nodes=nodes, allowed=allowed)
+                plan, origin = replace(plan, cpus=cpus), "load"
+        return cls(options, mode, int(threads), tmap, plan, memory_nodes=memory_nodes, plan_origin=origin)
 
     @property
     def cpus(self) -> tuple[int, ...] | None:
@@ -256,5 +263,5 @@ class Placement:
     def to_dict(self) -> dict:
         return {"mode": self.mode, "pseudo_nodes": self.options.pseudo_nodes, "mlock": self.options.mlock, "weights": self.weights, "n_threads": self.n_threads,
                 "threads": self.threads.to_dict() if self.threads else None,
-                "plan": self.plan.to_dict() if self.plan else None,
+                "plan": self.plan.to_dict() if self.plan else None, "plan_origin": self.plan_origin,
                 "bound_bytes": self.bound_bytes, "locked_bytes": self.locked_bytes, "warnings": list(self.warnings)}

@@ -85,6 +85,18 @@ class NumaPlan:
                 out.append((self.nodes[k], cpu, tuple(mine)))
         return out
 
+    @classmethod
+    def from_dict(cls, d: dict, weights: list[WeightRows], cpus: tuple[tuple[int, ...], ...]) -> NumaPlan:
+        """A plan recorded by to_dict (the manifest's, compiled for a node count), for the matrices of
+        `weights` (one target's; their unit bytes), run by `cpus` ([node] -> CPUs)."""
+        ranges = d["matrices"]
+        missing = [w.name for w in weights if w.name not in ranges]
+        if missing:
+            raise EllmError(f"the artifact's NUMA plan lacks {len(missing)} matrices ({missing[0]}, ...)")
+        matrices = tuple(MatrixSplit(w.name, tuple(tuple(tuple(r) for r in rs) for rs in ranges[w.name]), w.unit_bytes)
+                         for w in weights)
+        return cls(tuple(d["nodes"]), cpus, matrices, tuple(tuple(r) for r in d["kv_heads"]))
+
     def to_dict(self) -> dict:
         return {"nodes": list(self.nodes), "cpus": [list(c) for c in self.cpus],
                 "kv_heads": [list(r) for r in self.kv_heads], "bytes_per_node": [round(b) for b in self.bytes_per_node()],
@@ -146,8 +158,8 @@ def plan_layout(weights: list[WeightRows], n_kv_heads: int, topology: Topology, 
         raise EllmError("a NUMA node in the plan has no CPU this process may use")
     kv = split_heads(n_kv_heads, len(use))
     totals = [0.0] * len(use)
-    splits = []
-    for w in weights:
+    splits = {}
+    for w in sorted(weights, key=lambda w: w.name):  # one order whatever the caller's: the graph's or the records'
         if w.heads is not None:
             ranges = _qkv_ranges(w, kv)
         else:
@@ -160,8 +172,8 @@ def plan_layout(weights: list[WeightRows], n_kv_heads: int, topology: Topology, 
         split = MatrixSplit(w.name, tuple(ranges), w.unit_bytes)
         for k in range(len(use)):
             totals[k] += split.units(k) * w.unit_bytes
-        splits.append(split)
-    return NumaPlan(tuple(n.id for n in use), cpus, tuple(splits), tuple(kv))
+        splits[w.name] = split
+    return NumaPlan(tuple(n.id for n in use), cpus, tuple(splits[w.name] for w in weights), tuple(kv))
 
 
 def weights_of_manifest(manifest: dict) -> list[WeightRows]:
