@@ -17,8 +17,13 @@ def quant_engine(request, tmp_path_factory, model_path):
     from ellm.compiler.build import CompileOptions, compile_model
 
     out = tmp_path_factory.mktemp("kvq") / request.param
-    # 16-bit activations throughout, as the float16-cache engine it is compared with: the KV precision alone
-    compile_model(model_path, out, CompileOptions(cache_type_k=request.param, cache_type_v=request.param, activations="int16"))
+    # 16-bit activations throughout, as the float16-cache engine it is compared with: the KV precision alone.
+    # auto: the rule-based per-layer plan (q4, q8 keys in the first layers: stores of two classes), not the
+    # measured one, whose sensitivity analysis of the real model takes ~10 min on 2 Zen 3 cores (the cold
+    # demo of `make test-slow` compiles that; tests/test_precision_plan.py checks it on small models)
+    options = CompileOptions(cache_type_k=request.param, cache_type_v=request.param, activations="int16",
+                             precision="source" if request.param == "auto" else None)
+    compile_model(model_path, out, options)
     return request.param, ellm.load(out, threads=THREADS, ctx_size=2048)
 
 
