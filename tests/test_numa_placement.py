@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -195,3 +196,17 @@ def test_two_pseudo_nodes_give_exactly_the_unplaced_logits(artifact):
     assert placed.plan.nodes == (0, 1) and placed.threads.cpus == (0, 1) and placed.threads.nodes == (0, 1)
     assert placed.plan.kv_heads[0][0] == 0 and placed.plan.kv_heads[-1][1] == n_kv_heads
     assert placed.plan.imbalance() < 0.05 and placed.bound_bytes > 0 and not placed.warnings
+
+
+def test_mmap_keeps_the_file_mapping_and_mlock_locks_it(artifact):
+    import ellm
+    from ellm.runtime.artifact import WEIGHTS
+
+    eng = ellm.load(artifact, threads=THREADS, ctx_size=512, numa=NumaOptions(mmap=True, mlock=True))
+    what, weights = eng.placement.regions[0]
+    assert what == "weights" and eng.placement.weights == "mmap" and isinstance(weights, np.memmap)
+    assert Path(weights.filename).resolve() == (artifact / WEIGHTS).resolve()
+    if eng.placement.locked_bytes:
+        assert eng.placement.locked_bytes >= weights.nbytes
+    else:
+        assert len(eng.placement.warnings) == 1 and "--mlock" in eng.placement.warnings[0]

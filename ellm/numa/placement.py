@@ -154,11 +154,14 @@ class Placement:
         """The real memory nodes of the plan's nodes."""
         return sorted({self.memory_nodes.get(n, n) for n in self.plan.nodes})
 
-    def keep_mapped(self, log: Callable[[str], None]) -> None:
-        """The weights stay the file's memory map (--mmap): shared page cache, placed by the kernel, not here."""
+    def keep_mapped(self, mm: np.ndarray, log: Callable[[str], None]) -> np.ndarray:
+        """The weights stay the file's memory map `mm` (--mmap): shared page cache, placed by the kernel, not
+        here (--mlock still locks it)."""
         self.weights = "mmap"
         if self.binding:
             self._warn("--mmap: the weights are the shared page cache and are not placed on NUMA nodes", log)
+        self.regions.append(("weights", mm))
+        return mm
 
     # --- weights ------------------------------------------------------------------------------
     def node_ranges(self, record: dict) -> list[tuple[int, list[tuple[int, int]]]]:

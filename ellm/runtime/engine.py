@@ -75,11 +75,11 @@ class Engine:
 
         self._vm = relax.VirtualMachine(artifact.load_module(), tvm.cpu())
         self._fn = {e["name"]: self._vm[e["name"]] for e in artifact.manifest["entries"]}
-        use_mmap = self.placement.options.mmap or not huge_pages
-        if use_mmap:
-            self.placement.keep_mapped(log)
-        place = None if use_mmap else (lambda mm, recs: self.placement.load_weights(mm, recs, log))
-        self._params = tvm.runtime.convert([tvm.runtime.from_dlpack(a) for a in artifact.map_params(not use_mmap, place)])
+        if self.placement.options.mmap or not huge_pages:
+            place = lambda mm, recs: self.placement.keep_mapped(mm, log)  # noqa: E731
+        else:
+            place = lambda mm, recs: self.placement.load_weights(mm, recs, log)  # noqa: E731
+        self._params = tvm.runtime.convert([tvm.runtime.from_dlpack(a) for a in artifact.map_params(place=place)])
         self._rope = tvm.runtime.tensor(rope_table(cfg, self.ctx_size))
         # the KV state (kv/plan.py): the float16 ring of recent blocks and the per-class block stores
         self.kv_plan = artifact.kv_plan
