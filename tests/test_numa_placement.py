@@ -210,3 +210,30 @@ def test_mmap_keeps_the_file_mapping_and_mlock_locks_it(artifact):
         assert eng.placement.locked_bytes >= weights.nbytes
     else:
         assert len(eng.placement.warnings) == 1 and "--mlock" in eng.placement.warnings[0]
+
+
+@pytest.mark.skipif(not LINUX or len(os.sched_getaffinity(0)) < 2, reason="needs Linux and 2 CPUs")
+def test_task_i_of_a_parallel_kernel_runs_on_cpus_i():
+    """The task -> CPU map is fixed: TVM splits a parallel loop statically (task i of T takes iterations
+    [i ceil(n/T), (i+1) ceil(n/T))) and set_threads pins task i to cpus[i]; each iteration records the CPU it
+    ran on (sched_getcpu), in either order of the CPUs, on every call."""
+    import tvm
+    from tvm.script import tirx as T
+
+    from ellm.numa.topology import allowed_cpus
+    from ellm.runtime.threads import set_threads
+
+    @T.prim_func
+    def where(out: T.Buffer((12,), "int32")):
+        for i in T.parallel(12):
+            out[i] = T.call_extern("int32", "sched_getcpu")
+
+    kernel = tvm.compile(tvm.IRModule({"main": where}), target="llvm")["main"]
+    a, b = sorted(allowed_cpus())[:2]  # the process's CPUs (earlier tests pinned this thread to one)
+    for cpus in ((a, b), (b, a)):
+        set_threads(2, cpus)
+        out = tvm.runtime.tensor(np.full(12, -1, "int32"))
+        for _ in range(5):
+            kernel(out)
+            assert out.numpy().tolist() == [cpus[0]] * 6 + [cpus[1]] * 6
+    set_threads(THREADS)
