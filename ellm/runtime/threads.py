@@ -12,7 +12,7 @@ import os
 import threading
 from pathlib import Path
 
-from ..numa.topology import parse_cpu_list
+from ..numa.topology import allowed_cpus, parse_cpu_list
 
 
 def _parse_cpu_list(text: str) -> set[int]:
@@ -84,14 +84,22 @@ def set_threads(n: int, cpus: tuple[int, ...] | None = None) -> None:
     import tvm
 
     key = (n, tuple(cpus) if cpus is not None else None)
-    if tvm.runtime.num_threads() != n or getattr(_caller, "config", None) != key:
+    previous = getattr(_caller, "config", None)
+    if tvm.runtime.num_threads() != n or previous != key:
+        config = tvm.get_global_func("runtime.config_threadpool")
         if cpus is None:
-            tvm.get_global_func("runtime.config_threadpool")(1, n)
+            if previous is not None and previous[1] is not None:
+                # TVM's own mode keeps workers where a CPU list put them: put them back where it pins them
+                # (worker i on the i-th CPU), or other callers would find no core free of workers
+                default = sorted(allowed_cpus())[:n]
+                if len(default) == n:
+                    config(SPECIFY_ONE_CORE_PER_THREAD, n, [str(c) for c in default])
+            config(1, n)
             pin_caller()
         else:
             if len(cpus) != n:
                 raise ValueError(f"{n} threads need {n} CPUs, got {len(cpus)}")
-            tvm.get_global_func("runtime.config_threadpool")(SPECIFY_ONE_CORE_PER_THREAD, n, [str(c) for c in cpus])
+            config(SPECIFY_ONE_CORE_PER_THREAD, n, [str(c) for c in cpus])
             if hasattr(os, "sched_setaffinity"):
                 os.sched_setaffinity(0, {cpus[0]})  # 0: the calling thread
                 _callers.add(threading.get_native_id())
