@@ -229,13 +229,18 @@ class Placement:
     def place_kv(self, arrays: list[np.ndarray], log: Callable[[str], None]) -> None:
         """Bind KV state tensors [layers, kv_heads, ...] by head: each layer's head range to its node. Call
         before the first write (the tensors are fresh, untouched memory)."""
-        if self.binding:
+        if self.binding and arrays:
+            # one pass over the whole arena: binding tensor by tensor would split it at their (unaligned) edges
+            lo = min(a.ctypes.data for a in arrays)
+            span = _span(lo, max(a.ctypes.data + a.nbytes for a in arrays) - lo)
+            wants = []
             for a in arrays:
                 layers, heads = a.shape[0], a.shape[1]
                 per_head = a.nbytes // (layers * heads)
-                wants = [((layer * heads + h0) * per_head, (layer * heads + h1) * per_head, node)
-                         for layer in range(layers) for node, (h0, h1) in zip(self.plan.nodes, self.plan.kv_heads)]
-                self._bind_pages(a.reshape(-1).view(np.uint8), wants, log)
+                at = a.ctypes.data - lo
+                wants += [(at + (layer * heads + h0) * per_head, at + (layer * heads + h1) * per_head, node)
+                          for layer in range(layers) for node, (h0, h1) in zip(self.plan.nodes, self.plan.kv_heads)]
+            self._bind_pages(span, wants, log)
         self.regions += [("kv", a) for a in arrays]
 
     # --- locking ------------------------------------------------------------------------------
@@ -268,3 +273,10 @@ class Placement:
                 "threads": self.threads.to_dict() if self.threads else None,
                 "plan": self.plan.to_dict() if self.plan else None, "plan_origin": self.plan_origin,
                 "bound_bytes": self.bound_bytes, "locked_bytes": self.locked_bytes, "warnings": list(self.warnings)}
+
+
+def _span(addr: int, nbytes: int) -> np.ndarray:
+    """A uint8 view of [addr, addr + nbytes): the memory of several arrays of one arena, as one range."""
+    import ctypes
+
+    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(addr))
