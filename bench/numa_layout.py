@@ -41,10 +41,13 @@ def main() -> int:
     p.add_argument("--gen", type=int, default=128)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--control", action="store_true",
+                   help="A/A: compare no placement with itself (this machine's noise floor for the ratio)")
     p.add_argument("--out")
     a = p.parse_args()
-    variants = {"none": ["--numa", "none"],
-                f"distribute-{a.pseudo_nodes}-pseudo-nodes": ["--numa", "distribute", "--numa-pseudo-nodes", str(a.pseudo_nodes)]}
+    b = ("none-again", ["--numa", "none"]) if a.control else (
+        f"distribute-{a.pseudo_nodes}-pseudo-nodes", ["--numa", "distribute", "--numa-pseudo-nodes", str(a.pseudo_nodes)])
+    variants = {"none": ["--numa", "none"], b[0]: b[1]}
     rates: dict[str, list[float]] = {k: [] for k in variants}
     ratios = []
     placement = {}
@@ -60,7 +63,7 @@ def main() -> int:
         ratios.append(part / base)
         print(json.dumps({"round": r, **got, "ratio": part / base}), file=sys.stderr)
     loads: dict[str, list[dict]] = {"--no-mmap": [], "--mmap": []}
-    for r in range(a.rounds):
+    for r in range(0 if a.control else a.rounds):
         for k in (loads if r % 2 == 0 else reversed(list(loads))):
             loads[k].append(load(a.artifact, k))
     report = {
@@ -69,7 +72,7 @@ def main() -> int:
         "placement": placement,
         "load": {k: {"load_s_median": statistics.median(x["load_s"] for x in v),
                      "max_rss_mib_median": statistics.median(x["max_rss_mib"] for x in v), "runs": v}
-                 for k, v in loads.items()},
+                 for k, v in loads.items() if v},
         "ctx": a.ctx, "gen": a.gen, "threads": a.threads, "rounds": a.rounds,
     }
     return emit_report(report, a.out)
