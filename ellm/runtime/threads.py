@@ -20,7 +20,7 @@ def _parse_cpu_list(text: str) -> set[int]:
     return set(parse_cpu_list(text))
 
 
-_callers: set[int] = set()  # native ids of the threads pin_caller pinned: callers, not workers
+_callers: set[int] = set()  # native ids of the threads that configured a pool: callers, not workers
 
 
 def worker_cpus(task_dir: Path = Path("/proc/self/task"), caller: int | None = None,
@@ -96,6 +96,7 @@ def set_threads(n: int, cpus: tuple[int, ...] | None = None) -> None:
                     config(SPECIFY_ONE_CORE_PER_THREAD, n, [str(c) for c in default])
             config(1, n)
             pin_caller()
+            _callers.add(threading.get_native_id())  # a caller, never a worker, wherever TVM left it pinned
         else:
             if len(cpus) != n:
                 raise ValueError(f"{n} threads need {n} CPUs, got {len(cpus)}")
