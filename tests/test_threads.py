@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-import threading
 
 import pytest
 
-from ellm.runtime.threads import _parse_cpu_list, free_cpus, set_threads, worker_cpus
+from ellm.runtime.threads import _parse_cpu_list, free_cpus, worker_cpus
 
 
 def test_parse_cpu_list():
@@ -43,21 +42,36 @@ def test_free_cpus():
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs Linux and 2 CPUs")
 def test_set_threads_pins_a_new_caller_off_the_workers():
     """In a fresh thread (whose affinity is every CPU), set_threads leaves it none of the workers' cores, even
-    where another thread (pytest's, by an engine of an earlier test) was pinned before."""
-    set_threads(2)  # this thread launches kernels too: it is pinned first
-    result = {}
+    where another thread (the main one, as by an engine) configured a pool and was pinned before. In a fresh
+    process: pools that earlier tests' threads left behind hold cores of their own."""
+    import json
+    import subprocess
+    import sys
 
-    def body():
-        os.sched_setaffinity(0, range(os.cpu_count()))  # the kernel keeps the CPUs this process may use
-        before = os.sched_getaffinity(0)
-        set_threads(2)
-        result["caller"] = os.sched_getaffinity(0)
-        result["workers"] = worker_cpus()
-        result["before"] = before
-
-    t = threading.Thread(target=body)
-    t.start()
-    t.join()
+    r = subprocess.run([sys.executable, "-c", NEW_CALLER], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    result = {k: set(v) for k, v in json.loads(r.stdout).items()}
     assert result["workers"], "TVM pins its workers to single cores"
     assert result["workers"] <= result["before"] and len(result["before"]) >= 2
     assert result["caller"] == result["before"] - result["workers"]
+
+
+NEW_CALLER = """
+import json, os, threading
+from ellm.runtime.threads import set_threads, worker_cpus
+set_threads(2)  # this thread launches kernels too: it is pinned first
+result = {}
+
+def body():
+    os.sched_setaffinity(0, range(os.cpu_count()))  # the kernel keeps the CPUs this process may use
+    before = os.sched_getaffinity(0)
+    set_threads(2)
+    result["caller"] = sorted(os.sched_getaffinity(0))
+    result["workers"] = sorted(worker_cpus())
+    result["before"] = sorted(before)
+
+t = threading.Thread(target=body)
+t.start()
+t.join()
+print(json.dumps(result))
+"""
