@@ -60,28 +60,23 @@ def test_run_speculative_with_a_prompt_cache(artifact, tmp_path):
     assert cache.read_bytes() == bytes(blob)
 
 
-def _demo_cache(tmp_path, artifact):
-    """A fresh demo cache holding `artifact` where the demo looks for its compiled model."""
+def _demo_cache(tmp_path, monkeypatch):
+    """ELLM_CACHE set to a fresh `tmp_path` (here and for `ellm` subprocesses) and where the demo looks there
+    for its compiled model: (environment, that directory)."""
     from ellm.demo import cache_root, demo_artifact_dir
     from ellm.fsutil import sha256_file
     from ellm.models import default_model_path
     from ellm.targets import resolve_target
 
-    env = dict(os.environ, ELLM_CACHE=str(tmp_path))
-    before = os.environ.get("ELLM_CACHE")
-    os.environ["ELLM_CACHE"] = str(tmp_path)
-    try:
-        assert cache_root() == tmp_path
-        out = demo_artifact_dir(sha256_file(default_model_path()), resolve_target("auto").name)
-    finally:
-        os.environ.pop("ELLM_CACHE") if before is None else os.environ.__setitem__("ELLM_CACHE", before)
-    return env, out
+    monkeypatch.setenv("ELLM_CACHE", str(tmp_path))
+    assert cache_root() == tmp_path
+    return dict(os.environ), demo_artifact_dir(sha256_file(default_model_path()), resolve_target("auto").name)
 
 
-def test_demo_answers_from_the_cached_artifact(tmp_path, artifact):
+def test_demo_answers_from_the_cached_artifact(tmp_path, artifact, monkeypatch):
     """`ellm demo` on a warm cache: the answer and the speeds, no compile. (The cold first run compiles the default
     model with the sensitivity analysis, ~10 min on 2 Zen 3 cores: `make test-slow` runs it.)"""
-    env, out = _demo_cache(tmp_path, artifact)
+    env, out = _demo_cache(tmp_path, monkeypatch)
     out.symlink_to(artifact, target_is_directory=True)
     p = ellm("demo", "-n", "8", env=env)
     assert p.returncode == 0, p.stderr
@@ -101,8 +96,7 @@ def test_demo_compiles_the_default_model_with_the_default_options_once(tmp_path,
     from ellm.models import default_model_path
     from ellm.targets import resolve_target
 
-    env, out = _demo_cache(tmp_path, artifact)
-    monkeypatch.setenv("ELLM_CACHE", env["ELLM_CACHE"])
+    _, out = _demo_cache(tmp_path, monkeypatch)
     calls = []
 
     def compile_model(model, dest, options, force=False, log=print):

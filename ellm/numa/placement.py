@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import EllmError
 from ..runtime.hugepages import HUGE
 from . import memory
-from .plan import NumaPlan, TILE_ROWS, plan_layout, weights_of_params
+from .plan import NumaPlan, plan_layout, record_units, rows_per_unit, weights_of_params
 from .threadmap import NUMA_MODES, ThreadMap, current_cpu, thread_map
 from .topology import Topology, allowed_cpus, read_topology
 
@@ -56,7 +56,6 @@ class Placement:
     n_threads: int
     threads: ThreadMap | None
     plan: NumaPlan | None
-    binds: int = 0  # mbind calls that succeeded
     bound_bytes: int = 0
     locked_bytes: int = 0
     warnings: list[str] = field(default_factory=list)
@@ -145,7 +144,6 @@ class Placement:
                 except memory.PlacementUnavailable as e:
                     self._warn(f"NUMA binding unavailable ({e.strerror or e}); memory follows first touch", log)
                     return
-                self.binds += 1
                 self.bound_bytes += length
             i = last + 1
 
@@ -173,13 +171,11 @@ class Placement:
             split = self.plan.matrix(record["name"].split(":")[0])
         except KeyError:
             return []
-        rows = record["shape"][0]
-        units = rows if record.get("layout") == "tile16" else -(-rows // TILE_ROWS)
+        rows, per_unit, units = record["shape"][0], rows_per_unit(record), record_units(record)
         per_row = record["nbytes"] // rows
-        rows_per_unit = 1 if record.get("layout") == "tile16" else TILE_ROWS
         out = []
         for k, node in enumerate(self.plan.nodes):
-            spans = [(a * rows_per_unit * per_row, min(b * rows_per_unit, rows) * per_row)
+            spans = [(a * per_unit * per_row, min(b * per_unit, rows) * per_row)
                      for a, b in split.ranges[k] if a < units]
             out.append((node, spans))
         return out

@@ -176,6 +176,17 @@ def plan_layout(weights: list[WeightRows], n_kv_heads: int, topology: Topology, 
     return NumaPlan(tuple(n.id for n in use), cpus, tuple(splits[w.name] for w in weights), tuple(kv))
 
 
+def rows_per_unit(record: dict) -> int:
+    """First-dimension entries of a parameter record per planning unit: a tiled record's entries are 16-row
+    tiles already, a row-major record's are rows."""
+    return 1 if record.get("layout") == "tile16" else TILE_ROWS
+
+
+def record_units(record: dict) -> int:
+    """Planning units (16-row tiles) of a parameter record, a last partial tile included."""
+    return -(-record["shape"][0] // rows_per_unit(record))
+
+
 def weights_of_manifest(manifest: dict) -> list[WeightRows]:
     """The matmul weights of an artifact (all its parameter records: weights_of_params)."""
     return weights_of_params(manifest["params"], manifest["config"])
@@ -196,7 +207,7 @@ def weights_of_params(records: list[dict], cfg: dict) -> list[WeightRows]:
         lead = comps[0]
         if len(lead["shape"]) < 2 or name in gathered_only:
             continue
-        units = lead["shape"][0] if lead.get("layout") == "tile16" else -(-lead["shape"][0] // TILE_ROWS)
+        units = record_units(lead)
         heads = None
         if "attn_q+attn_k+attn_v" in name:
             heads = (cfg["n_heads"], cfg["n_kv_heads"], cfg["head_dim"])

@@ -28,25 +28,8 @@ def worker_cpus(task_dir: Path = Path("/proc/self/task"), caller: int | None = N
     """The CPUs that other threads of this process are pinned to, one CPU each: TVM's workers (every thread
     that launches kernels has a pool of its own), not the callers pinned here."""
     caller = threading.get_native_id() if caller is None else caller
-    pinned: set[int] = set()
-    try:
-        tasks = list(task_dir.iterdir())
-    except OSError:
-        return pinned
-    skip = {str(caller)} | {str(c) for c in callers}
-    for t in tasks:
-        if t.name in skip:
-            continue
-        try:
-            status = (t / "status").read_text()
-        except OSError:  # the thread ended meanwhile
-            continue
-        for line in status.splitlines():
-            if line.startswith("Cpus_allowed_list:"):
-                cpus = _parse_cpu_list(line.split(":", 1)[1])
-                if len(cpus) == 1:
-                    pinned |= cpus
-    return pinned
+    skip = {caller} | set(callers)
+    return {c for tid, cpus in thread_affinities(task_dir).items() if tid not in skip and len(cpus) == 1 for c in cpus}
 
 
 def free_cpus(allowed: set[int], workers: set[int]) -> set[int]:
@@ -68,7 +51,7 @@ def pin_caller() -> None:
         pass
 
 
-_caller = threading.local()  # per calling thread: `threads`, the pool size it last configured (and was pinned for)
+_caller = threading.local()  # per calling thread: `config`, the (threads, CPUs) it last configured (and was pinned for)
 
 
 SPECIFY_ONE_CORE_PER_THREAD = -2  # TVM's ThreadGroup::kSpecifyOneCorePerThread: worker i pinned to cpus[i]
@@ -110,11 +93,15 @@ def set_threads(n: int, cpus: tuple[int, ...] | None = None) -> None:
 def thread_affinities(task_dir: Path = Path("/proc/self/task")) -> dict[int, tuple[int, ...]]:
     """Every thread of this process (native id) -> the CPUs it may run on."""
     out = {}
-    for t in task_dir.iterdir():
+    try:
+        tasks = list(task_dir.iterdir())
+    except OSError:
+        return out
+    for t in tasks:
         try:
             for line in (t / "status").read_text().splitlines():
                 if line.startswith("Cpus_allowed_list:"):
                     out[int(t.name)] = parse_cpu_list(line.split(":", 1)[1])
-        except OSError:
+        except OSError:  # the thread ended meanwhile
             continue
     return out
