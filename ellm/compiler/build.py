@@ -70,6 +70,11 @@ class CompileOptions(TargetOptions):
             raise EllmError("--target needs at least one preset name or auto")
         if self.numa_nodes is not None and not 1 <= self.numa_nodes <= 64:
             raise EllmError(f"--numa-nodes must be between 1 and 64, got {self.numa_nodes}")
+        measured = self.precision == "auto" or (self.precision is None and self.quant_level is None)
+        if self.tensor_parallel is not None and (measured or self.draft_layers is not None
+                                                 or self.numa_nodes is not None):
+            raise EllmError("a tensor-parallel rank takes a precision recipe (--precision source or --quant-level), "
+                            "and neither --draft-layers nor --numa-nodes: each rank is one node's slice")
 
     def target_names(self) -> list[str]:
         return [n.strip() for n in self.target.split(",") if n.strip()]
@@ -190,13 +195,16 @@ def compile_model(
             "ellm_version": __version__,
             "tvm_version": tvm.__version__,
             "source": {"file": model_path.name, "sha256": gf.sha256(), "bytes": gf.file_size},
-            "config": cfg.to_dict(),
+            # the model this artifact computes: a tensor-parallel rank's slice of its heads and FFN rows
+            "config": (options.tensor_parallel.slice_config(cfg) if options.tensor_parallel else cfg).to_dict(),
             # a self-draft: the source's first `layers` of `of` (speculative/drafters.py); None: the whole model
             "draft": ({"layers": cfg.n_layers, "of": ModelConfig.from_gguf(gf).n_layers}
                       if options.draft_layers is not None else None),
             "targets": [b.manifest_entry(options.for_targets(), ids) for b, ids in zip(builds, per_target)],
             "kv_cache": builds[0].kv_plan.to_dict(),
             "numa": builds[0].graph.meta("numa"),  # the layout for --numa-nodes N (None: planned at load)
+            # this artifact's slice as one rank of a tensor-parallel group (parallel/shard.py; None: the whole model)
+            "tensor_parallel": builds[0].graph.meta("tensor_parallel"),
             "precision": (plan.to_dict() if plan is not None else {"origin": "source", "weights": {}}),
             "attention": _planned_attention(plan).to_dict(),  # the read budget it was planned for
             "prefetch": options.prefetch,

@@ -9,6 +9,7 @@ from typing import Any, Callable
 from ..config import ModelConfig
 from ..errors import EllmError
 from ..kv.plan import KVPlan, parse_kv_type
+from ..parallel.shard import TensorParallel
 from ..precision import Budget, PrecisionPlan, quant_level_plan, weight_infos
 from ..targets import TargetPreset
 from .gguf_file import GGUFFile
@@ -51,6 +52,8 @@ class TargetOptions:
     draft_layers: int | None = None
     # plan the NUMA layout for this many nodes and record it in the manifest (None: planned at load)
     numa_nodes: int | None = None
+    # compile one rank's slice of the model (parallel/shard.py; `ellm compile --tp N` compiles every rank)
+    tensor_parallel: TensorParallel | None = None
 
 
 KV_STORES = ("protected", "plain")
@@ -125,7 +128,8 @@ def pass_context(options: TargetOptions, preset: TargetPreset, plan: PrecisionPl
     assert activations in ACTIVATIONS
     kv = KVOptions(parse_kv_type(options.cache_type_k), parse_kv_type(options.cache_type_v), options.kv_block,
                    options.kv_recent, step_tokens(options), *kv_store_fields(options.kv_store))
-    return PassContext(preset, activations, chunks, kv, plan, attention_bits, options.numa_nodes)
+    return PassContext(preset, activations, chunks, kv, plan, attention_bits, options.numa_nodes,
+                       options.tensor_parallel)
 
 
 def build_graph(gf: GGUFFile, cfg: ModelConfig, options: TargetOptions, preset: TargetPreset,

@@ -30,6 +30,8 @@ class OpKind(str, enum.Enum):
     FFN = "ffn"  # fused: x + down(silu(gate(norm(x))) * up(norm(x)))
     ATTN_INPUT = "attention_input"  # fused: norm, QKV projection, RoPE, KV append -> rotated q, cache
     VOCAB_MERGE = "vocab_merge"  # the logits of a head split into row sets -> [T, vocab] in token order
+    ALLREDUCE = "allreduce"  # tensor parallelism: the sum of every rank's partial [T, width] (parallel/ccl.py)
+    ALLGATHER = "allgather"  # tensor parallelism: every rank's [T, width_r], concatenated along the last axis
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,10 @@ class WeightRef:
 
     `layout` is how its components are arranged in memory: "rows" (GGUF blocks split into typed arrays,
     quant/formats.py) or "tile16" (16 rows interleaved, quant/tiled.py); the layout phase chooses it.
-    `row_ids`: only these rows of the (single) source, in this order (a split vocabulary head's row set).
+    `row_ids`: only these rows of the row-concatenation of `sources`, in this order (a split vocabulary head's
+    row set, a tensor-parallel rank's heads); `source_rows`: the rows of that concatenation, where known (fusing
+    row-selected weights needs it). `col_range`: only these columns of every source (a row-parallel matmul's
+    slice), cut at block boundaries.
     """
 
     name: str
@@ -71,12 +76,28 @@ class WeightRef:
     sources: tuple[str, ...]
     layout: str = "rows"
     row_ids: tuple[int, ...] | None = None
+    source_rows: int | None = None
+    col_range: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
             raise ValueError(f"unknown weight layout {self.layout!r}")
-        if self.row_ids is not None and (len(self.row_ids) != self.rows or len(self.sources) != 1):
-            raise ValueError(f"{self.name}: row_ids select {self.rows} rows of one source")
+        if self.row_ids is not None and (len(self.row_ids) != self.rows
+                                         or (self.source_rows is None and len(self.sources) != 1)):
+            raise ValueError(f"{self.name}: row_ids select {self.rows} rows (of several sources: give source_rows)")
+        if self.source_rows is not None and self.row_ids is not None and max(self.row_ids) >= self.source_rows:
+            raise ValueError(f"{self.name}: row_ids beyond the sources' {self.source_rows} rows")
+        if self.col_range is not None:
+            c0, c1 = self.col_range
+            block = FORMATS[self.qtype].block
+            if not (0 <= c0 < c1 and c1 - c0 == self.cols and c0 % block == 0 and c1 % block == 0):
+                raise ValueError(f"{self.name}: columns {self.col_range} are not {self.cols} columns cut at "
+                                 f"{self.qtype.name} blocks of {block}")
+
+    @property
+    def selected_rows(self) -> tuple[int, ...]:
+        """Rows of the row-concatenation of `sources` this weight holds, in order."""
+        return self.row_ids if self.row_ids is not None else tuple(range(self.rows))
 
     @property
     def nbytes(self) -> int:
@@ -168,6 +189,16 @@ class Graph:
         self.g.nodes[name]["op"] = op
         for u in op.inputs:
             self.g.add_edge(u.src, name)
+
+    def insert_after(self, src: str, name: str, op: Op) -> str:
+        """Add `op` (which reads `src`) as `name`, and point every other use of `src`, and the outputs, at it."""
+        users = self.consumers(src)
+        self.add(name, op)
+        for c in users:
+            cop = self.op(c)
+            self.set_op(c, replace(cop, inputs=tuple(Use(name, u.cols, 0) if u.src == src else u for u in cop.inputs)))
+        self.outputs = [name if o == src else o for o in self.outputs]
+        return name
 
     def remove(self, name: str) -> None:
         if any(True for _ in self.g.successors(name)):

@@ -28,6 +28,10 @@ class Entry:
     steps: bool = False
 
 
+# The collectives a tensor-parallel rank's VM calls (registered by parallel/ccl.py before the VM loads).
+CCL_ALLREDUCE = "ellm.ccl.allreduce"
+CCL_ALLGATHER = "ellm.ccl.allgather"
+
 # The most tokens a verification step takes: a drafted chain plus the token before it.
 MAX_VERIFY = 32
 
@@ -50,7 +54,8 @@ class ParamSpec:
     qtype: str | None  # weight format, None for vectors
     component: str | None
     layout: str | None = None  # "rows" | "tile16" for weights
-    row_ids: tuple[int, ...] | None = None  # only these rows of the source (a split head's row set)
+    row_ids: tuple[int, ...] | None = None  # only these rows of the row-concatenated sources (WeightRef.row_ids)
+    col_range: tuple[int, int] | None = None  # only these columns of every source (a row-parallel slice)
     values: tuple[int, ...] | None = None  # a constant the compiler computed (not from the GGUF)
 
 
@@ -91,7 +96,7 @@ def param_specs(g: Graph) -> list[ParamSpec]:
             seen.add(w.name)
             for name, dtype, shape in weight_components(w):
                 specs.append(ParamSpec(f"{w.name}:{name}", dtype, shape, w.sources, w.qtype.name, name, w.layout,
-                                       w.row_ids))
+                                       w.row_ids, w.col_range))
         for _, v in op.vectors:
             if v.name not in seen:
                 seen.add(v.name)
@@ -193,8 +198,11 @@ class _Lowering:
                 for name, op in g.nodes():
                     if op.kind is OpKind.INPUT:
                         continue
-                    last = entry.last_only and op.kind in (OpKind.LM_HEAD, OpKind.VOCAB_MERGE)
+                    last = entry.last_only and op.kind in (OpKind.LM_HEAD, OpKind.VOCAB_MERGE, OpKind.ALLGATHER)
                     m = 1 if last else entry.m
+                    if op.kind in (OpKind.ALLREDUCE, OpKind.ALLGATHER):
+                        env[(name, 0)] = self.emit_collective(op, env, T if m is None else m, C)
+                        continue
                     # the head reads the last row of the chunk's hidden states; what follows it is already one row
                     head = last and op.kind is OpKind.LM_HEAD
                     req = self.request(op, m, last_row=True) if head else self.request(op, m, entry.steps)
@@ -235,6 +243,16 @@ class _Lowering:
         if k in (OpKind.KV_APPEND, OpKind.ROPE_KV_APPEND, OpKind.ATTN_INPUT, OpKind.ATTENTION):
             return self.emit_cache_op(op, gv, ins, weights, vectors, outs, pos, rope)
         raise AssertionError(f"cannot lower {k}")
+
+    def emit_collective(self, op: Op, env, T, C):
+        """A collective of the tensor-parallel ranks: a packed function of parallel/ccl.py, writing its output
+        (destination-passing)."""
+        (u,) = op.inputs
+        out = _rtype(op.out, T, C)
+        if op.kind is OpKind.ALLREDUCE:
+            return self.bb.emit(relax.call_dps_packed(CCL_ALLREDUCE, [env[(u.src, u.index)]], out))
+        widths = relax.ShapeExpr([int(w) for w in op.attr("widths")])
+        return self.bb.emit(relax.call_dps_packed(CCL_ALLGATHER, [env[(u.src, u.index)], widths], out))
 
     def emit_cache_op(self, op: Op, gv, ins, weights, vectors, outs, pos, rope) -> list:
         """Kernels that read or write the KV state get this layer's ring and class stores, plus the layer

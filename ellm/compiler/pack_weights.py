@@ -22,17 +22,22 @@ class _Sources:
         self.gf, self.keep = gf, keep
         self.cache: dict[tuple[str, QuantType], np.ndarray] = {}
 
-    def raw(self, name: str, qtype: QuantType, row_ids: tuple[int, ...] | None = None) -> np.ndarray:
-        """[rows, row_bytes]: all of the tensor's rows, or `row_ids` of them in that order."""
-        src = self.gf.weight_format(name).qtype
+    def raw(self, name: str, qtype: QuantType, row_ids: tuple[int, ...] | None = None,
+            cols: tuple[int, int] | None = None) -> np.ndarray:
+        """[rows, row_bytes]: all of the tensor's rows, or `row_ids` of them in that order; all columns, or the
+        block-aligned range `cols`."""
+        fmt = self.gf.weight_format(name)
         rows = slice(None) if row_ids is None else np.asarray(row_ids)
-        if src is qtype:
-            return self.gf.raw(name)[rows]
-        key = (name, qtype, row_ids)
+        # a row's blocks are consecutive: columns [c0, c1) are its bytes [c0 / block, c1 / block) * block_bytes
+        byte_cols = slice(None) if cols is None else slice(*(c // fmt.block * fmt.block_bytes for c in cols))
+        if fmt.qtype is qtype:
+            return self.gf.raw(name)[rows, byte_cols]
+        key = (name, qtype, row_ids, cols)
         if key not in self.cache:
             if len(self.cache) >= self.keep:
                 del self.cache[next(iter(self.cache))]
-            self.cache[key] = requantize(self.gf.raw(name)[rows], src, qtype)  # row-wise: a subset quantises alike
+            # row-wise and block-wise: a subset quantises alike
+            self.cache[key] = requantize(self.gf.raw(name)[rows, byte_cols], fmt.qtype, qtype)
         return self.cache[key]
 
 
@@ -45,8 +50,11 @@ def pack_param(gf: GGUFFile, spec: ParamSpec, sources: _Sources | None = None) -
     else:
         qtype = QuantType[spec.qtype]
         sources = sources or _Sources(gf)
-        raws = [sources.raw(s, qtype, spec.row_ids) for s in spec.sources]
-        raw = np.concatenate(raws) if len(raws) > 1 else raws[0]
+        one = len(spec.sources) == 1
+        raws = [sources.raw(s, qtype, spec.row_ids if one else None, spec.col_range) for s in spec.sources]
+        raw = raws[0] if one else np.concatenate(raws)
+        if spec.row_ids is not None and not one:
+            raw = raw[np.asarray(spec.row_ids)]
         pack = pack_tiled if spec.layout == "tile16" else pack_rows
         arr = pack(raw, qtype)[spec.component]
     arr = np.ascontiguousarray(arr)

@@ -9,6 +9,7 @@ from ..kv.plan import KVType
 from ..targets import TargetPreset
 
 if TYPE_CHECKING:
+    from ..parallel.shard import TensorParallel
     from ..precision import PrecisionPlan
 
 ACTIVATIONS = ("int8", "int16", "f32")
@@ -66,6 +67,8 @@ class PassContext:
     attention_bits: int | None = None
     # NUMA nodes to plan the layout for at compile (None: planned at load for the machine present)
     numa_nodes: int | None = None
+    # the slice of the model this artifact holds, as one rank of a tensor-parallel group (None: all of it)
+    tensor_parallel: TensorParallel | None = None
 
     def __post_init__(self) -> None:
         if self.chunk_activations is None:

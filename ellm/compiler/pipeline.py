@@ -18,6 +18,7 @@ from .passes import (
     fuse_sibling_matmuls,
     plan_kv_cache,
     plan_numa_layout,
+    shard_tensor_parallel,
     split_vocab_head,
 )
 
@@ -38,6 +39,10 @@ PIPELINE: tuple[Phase, ...] = (
             apply_precision_plan,  # weights and KV layers at the plan's types (--quant-level, --precision auto)
             split_vocab_head,  # the head's likely tokens at its type, the rest coarser (when the plan splits it)
         ),
+    ),
+    Phase(
+        "parallel",
+        (shard_tensor_parallel,),  # one rank's heads, FFN rows and vocabulary rows; all-reduces (ellm compile --tp)
     ),
     Phase(
         "fusion",
@@ -75,7 +80,7 @@ PIPELINE: tuple[Phase, ...] = (
 # in cache may gain.
 OPT_IN = frozenset({"fuse_ffn"})
 # Passes the lowering depends on: they cannot be disabled.
-REQUIRED = frozenset({"plan_kv_cache", "apply_precision_plan", "split_vocab_head"})
+REQUIRED = frozenset({"plan_kv_cache", "apply_precision_plan", "split_vocab_head", "shard_tensor_parallel"})
 
 
 def pass_names(pipeline: Sequence[Phase] = PIPELINE) -> list[str]:

@@ -28,12 +28,14 @@ from .topology import Topology, allowed_cpus, read_topology
 class NumaOptions:
     """`mode`: a --numa mode, or None: distribute on a machine with several nodes, none on one.
     `mlock`: lock weights and KV cache in memory. `mmap`: weights stay the file's shared memory map.
-    `pseudo_nodes`: split the cores into simulated nodes (Topology.pseudo)."""
+    `pseudo_nodes`: split the cores into simulated nodes (Topology.pseudo). `cpus`: run on exactly these CPUs
+    instead of the process's mask (a tensor-parallel rank: its node's cores; parallel/worker.py)."""
 
     mode: str | None = None
     mlock: bool = False
     mmap: bool = False
     pseudo_nodes: int = 0  # >1: split the cores into this many simulated nodes (memory on the real ones)
+    cpus: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.mode is not None and self.mode not in NUMA_MODES:
@@ -73,9 +75,10 @@ class Placement:
         memory_nodes = {n.id: n.id for n in topology.nodes}
         if options.pseudo_nodes > 1:
             topology, memory_nodes = topology.pseudo(options.pseudo_nodes)
-        allowed = allowed if allowed is not None else allowed_cpus()
+        allowed = allowed if allowed is not None else (set(options.cpus) or allowed_cpus())
         mode = options.resolved(topology)
-        start_cpu = current_cpu() if start_cpu is None else start_cpu
+        if start_cpu is None:
+            start_cpu = options.cpus[0] if options.cpus else current_cpu()
         if threads is None:  # physical cores: of the start node when isolated, else of every allowed CPU
             home = {topology.node_of_cpu(start_cpu)} if mode == "isolate" else None
             threads = len(topology.physical_cores(allowed, home)) or 1

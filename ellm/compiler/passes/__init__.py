@@ -10,6 +10,7 @@ from .fuse_rope_kv_append import fuse_rope_kv_append
 from .fuse_sibling_matmuls import fuse_sibling_matmuls
 from .plan_kv_cache import plan_kv_cache
 from .plan_numa_layout import plan_numa_layout
+from .shard_tensor_parallel import shard_tensor_parallel
 from .split_vocab_head import split_vocab_head
 
-__all__ = ["apply_precision_plan", "choose_weight_layout", "fuse_attention_input", "fuse_ffn", "fuse_residual_add", "fuse_rmsnorm_matmul", "fuse_rope_kv_append", "fuse_sibling_matmuls", "plan_kv_cache", "plan_numa_layout", "split_vocab_head"]
+__all__ = ["apply_precision_plan", "choose_weight_layout", "fuse_attention_input", "fuse_ffn", "fuse_residual_add", "fuse_rmsnorm_matmul", "fuse_rope_kv_append", "fuse_sibling_matmuls", "plan_kv_cache", "plan_numa_layout", "shard_tensor_parallel", "split_vocab_head"]

@@ -17,13 +17,28 @@ def _fused_name(names: list[str]) -> str:
     return "+".join(names)
 
 
+def _concatenated_rows(ws: list[WeightRef]) -> dict:
+    """row_ids and source_rows of the row-concatenation of `ws` (none where every weight holds all its rows)."""
+    if all(w.row_ids is None for w in ws):
+        return {}
+    ids: list[int] = []
+    offset = 0
+    for w in ws:
+        if w.row_ids is not None and w.source_rows is None:
+            raise AssertionError(f"{w.name}: fusing a row selection needs its source_rows")
+        ids += [offset + r for r in w.selected_rows]
+        offset += w.source_rows if w.row_ids is not None else w.rows
+    return {"row_ids": tuple(ids), "source_rows": offset}
+
+
 def fuse_sibling_matmuls(g: Graph, ctx: PassContext) -> Graph:
     g = g.copy()
     groups: dict[tuple, list[str]] = defaultdict(list)
     for name, op in g.nodes():
         if op.kind is OpKind.MATMUL and op.weight is not None:
             # Siblings must agree on everything but the weight rows (and bias values).
-            key = (op.inputs, op.weight.qtype, op.weight.cols, op.vector("bias") is not None, op.attrs, op.layer)
+            key = (op.inputs, op.weight.qtype, op.weight.cols, op.weight.col_range, op.vector("bias") is not None,
+                   op.attrs, op.layer)
             groups[key].append(name)
     for names in groups.values():
         if len(names) < 2:
@@ -38,6 +53,8 @@ def fuse_sibling_matmuls(g: Graph, ctx: PassContext) -> Graph:
             rows,
             first.weight.cols,
             tuple(s for o in ops for s in o.weight.sources),
+            col_range=first.weight.col_range,
+            **_concatenated_rows([o.weight for o in ops]),
         )
         vectors = tuple((r, v) for r, v in first.vectors if r != "bias")
         if first.vector("bias") is not None:

@@ -1,0 +1,201 @@
+"""eLLM's CPU collective for tensor-parallel ranks on one machine: all-reduce and all-gather over a shared-memory
+segment, registered as the packed functions a rank's VM calls (and as Disco's own collectives, worker.py).
+
+TVM 0.27's Disco ships collectives for NCCL and RCCL only. This one never raises into the caller: a rank that
+fails (a dead or silent peer, a bad buffer) records why in the segment, returns at once from this and every later
+collective, and the driver reads the failure after the step (engine.py). An exception escaping a function that
+Disco runs on worker 0 (a thread of the driver) would abort the driver instead.
+
+Segment layout: a header page of per-rank words [seq, pid, failed] (64 bytes apart) and error texts, then
+two generations of per-rank slots. Call k writes generation k % 2 of its own slot, publishes seq = k, and waits
+for every rank's seq >= k: no rank can write a generation again before every rank has read it.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+HEADER = 64 * 1024
+_WORDS = 8  # int64 words per rank in the header (one cache line)
+_ERR_AT, _ERR_BYTES = 4096, 512
+_CHECK_EVERY = 2048  # spins between checks of the clock and the peers
+
+
+def segment_bytes(world: int, slot_bytes: int) -> int:
+    return HEADER + 2 * world * slot_bytes
+
+
+def create_segment(path: str, world: int, slot_bytes: int) -> None:
+    """A zeroed segment file (on /dev/shm: memory, pages allocated as first written)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, segment_bytes(world, slot_bytes))
+    finally:
+        os.close(fd)
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, a child that exited and was not reaped yet, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
+@dataclass
+class Traffic:
+    """What one rank's collectives moved: calls, bytes it published, bytes it read from the other ranks."""
+
+    calls: int = 0
+    bytes_out: int = 0
+    bytes_in: int = 0
+    wait_s: float = 0.0  # spent waiting for the other ranks
+
+
+class Communicator:
+    """One rank's end of the shared-memory group `path` (mapped whole; the driver unlinks the name once every
+    rank has it)."""
+
+    def __init__(self, path: str, rank: int, world: int, slot_bytes: int, timeout_s: float):
+        self.rank, self.world, self.slot_bytes, self.timeout_s = rank, world, slot_bytes, timeout_s
+        fd = os.open(path, os.O_RDWR)
+        try:
+            self._map = mmap.mmap(fd, segment_bytes(world, slot_bytes))
+        finally:
+            os.close(fd)
+        buf = np.frombuffer(self._map, dtype=np.uint8)
+        words = buf[: world * _WORDS * 8].view(np.int64).reshape(world, _WORDS)
+        self._seq, self._pid, self._failed = words[:, 0], words[:, 1], words[:, 2]
+        self._err = buf[_ERR_AT : _ERR_AT + world * _ERR_BYTES].reshape(world, _ERR_BYTES)
+        # [generation, rank, slot_bytes]
+        self._slots = buf[HEADER:].reshape(2, world, slot_bytes)
+        self._k = int(self._seq[rank])
+        self._pid[rank] = os.getpid()
+        self.traffic = Traffic()
+
+    # --- failure -----------------------------------------------------------------------------
+    @property
+    def failed(self) -> bool:
+        return bool(self._failed[self.rank])
+
+    def fail(self, why: str) -> None:
+        """Record this rank's failure (the first reason is kept) for the other ranks and the driver."""
+        if not self._failed[self.rank]:
+            data = f"rank {self.rank} (pid {os.getpid()}): {why}".encode()[: _ERR_BYTES - 1]
+            self._err[self.rank, : len(data)] = np.frombuffer(data, np.uint8)
+            self._failed[self.rank] = 1
+
+    def errors(self) -> list[str]:
+        """Every rank's recorded failure, in rank order."""
+        return [bytes(self._err[r]).rstrip(b"\0").decode(errors="replace") for r in range(self.world)
+                if self._failed[r]]
+
+    # --- collectives ---------------------------------------------------------------------------
+    def _publish(self, send: np.ndarray) -> np.ndarray:
+        """Write `send` into this call's slot, announce it, wait for every rank's; the generation's slots."""
+        data = send.reshape(-1).view(np.uint8)
+        if data.size > self.slot_bytes:
+            raise ValueError(f"{data.size} bytes exceed the group's {self.slot_bytes}-byte slots")
+        self._k += 1
+        slots = self._slots[self._k % 2]
+        slots[self.rank, : data.size] = data
+        self._seq[self.rank] = self._k
+        self._wait(self._k)
+        self.traffic.calls += 1
+        self.traffic.bytes_out += data.size
+        self.traffic.bytes_in += data.size * (self.world - 1)
+        return slots
+
+    def _wait(self, k: int) -> None:
+        seq, spins, t0 = self._seq, 0, time.perf_counter()
+        while seq.min() < k:
+            spins += 1
+            if spins % _CHECK_EVERY:
+                continue
+            late = [r for r in range(self.world) if seq[r] < k]
+            bad = [r for r in late if self._failed[r]]
+            if bad:
+                raise RuntimeError(f"rank {bad[0]} failed")
+            dead = [r for r in late if self._pid[r] and not _alive(int(self._pid[r]))]
+            if dead:
+                raise RuntimeError(f"rank {dead[0]} (pid {int(self._pid[dead[0]])}) died")
+            if time.perf_counter() - t0 > self.timeout_s:
+                raise RuntimeError(f"rank {late[0]} did not answer within {self.timeout_s:g} s")
+        self.traffic.wait_s += time.perf_counter() - t0
+
+    def allreduce(self, send: np.ndarray, out: np.ndarray) -> None:
+        """out = the sum over ranks of `send`, added in rank order on every rank (so every rank's copy of the
+        replicated residual stream stays bit-identical)."""
+        slots = self._publish(send)
+        n = send.size
+        parts = [slots[r, : n * send.itemsize].view(send.dtype).reshape(send.shape) for r in range(self.world)]
+        np.add(parts[0], parts[1], out=out)
+        for p in parts[2:]:
+            np.add(out, p, out=out)
+
+    def allgather(self, send: np.ndarray, widths: tuple[int, ...], out: np.ndarray) -> None:
+        """out[..., rank r's columns] = rank r's `send` [..., widths[r]], concatenated in rank order."""
+        slots = self._publish(send)
+        lead = send.shape[:-1]
+        start = 0
+        for r, w in enumerate(widths):
+            n = int(np.prod(lead, dtype=np.int64)) * w
+            out[..., start : start + w] = slots[r, : n * send.itemsize].view(send.dtype).reshape(*lead, w)
+            start += w
+
+    def close(self) -> None:
+        self._seq = self._pid = self._failed = self._err = self._slots = None
+        self._map.close()
+
+
+# --- the packed functions a rank's VM calls --------------------------------------------------------
+# A process runs at most one rank (Disco: worker 0 in the driver, each other worker in a process of its own), so
+# the collectives find their group here; the packed functions have no other way to receive it.
+_comm: list[Communicator | None] = [None]
+
+
+def attach(comm: Communicator | None) -> None:
+    """Make `comm` this process's group (None: leave it)."""
+    _comm[0] = comm
+
+
+def current() -> Communicator | None:
+    return _comm[0]
+
+
+def _run(op, *args) -> None:
+    comm = current()
+    if comm is None:
+        # only reachable outside a group: a rank's artifact run on its own, in the caller's thread
+        raise RuntimeError("a tensor-parallel rank's kernels run inside its group (ellm.parallel.ParallelEngine)")
+    if comm.failed:
+        return  # the step runs to its end on garbage; the driver reports the failure
+    try:
+        op(comm, *args)
+    except Exception as e:  # noqa: BLE001 (nothing may escape into Disco's worker 0)
+        comm.fail(str(e))
+
+
+def _allreduce(send, recv) -> None:
+    _run(lambda c: c.allreduce(np.from_dlpack(send), np.from_dlpack(recv)))
+
+
+def _allgather(send, widths, recv) -> None:
+    _run(lambda c: c.allgather(np.from_dlpack(send), tuple(int(w) for w in widths), np.from_dlpack(recv)))
+
+
+def register() -> None:
+    """Register the collectives the compiled ranks call (compiler/lower.py names them); before a VM loads."""
+    import tvm_ffi
+
+    from ..compiler.lower import CCL_ALLGATHER, CCL_ALLREDUCE
+
+    tvm_ffi.register_global_func(CCL_ALLREDUCE, _allreduce, override=True)
+    tvm_ffi.register_global_func(CCL_ALLGATHER, _allgather, override=True)
