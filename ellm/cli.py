@@ -114,6 +114,10 @@ def cmd_compile(a: argparse.Namespace) -> int:
     from .compiler.build import compile_model
 
     options = compile_options(a)
+    if a.tp is not None:
+        from .parallel.cli import compile_group_cmd
+
+        return compile_group_cmd(a, options)
     report = compile_model(a.model, a.output, options, force=a.force, log=lambda s: print(s, file=sys.stderr))
     print(
         f"wrote {report.path} ({report.artifact_bytes / 1e6:.1f} MB, {report.kernels} kernels, "
@@ -235,6 +239,12 @@ def cmd_run(a: argparse.Namespace) -> int:
     from .runtime.engine import Engine
 
     text = _read_prompt(a)
+    from .parallel.build import is_group
+
+    if is_group(a.artifact):
+        from .parallel.cli import run_group
+
+        return run_group(a, text)
     t = time.perf_counter()
     eng = Engine.load(a.artifact, threads=a.threads, ctx_size=a.ctx_size, target=a.target,
                       rope_scaling=rope_scaling_option(a), attention=attention_option(a, a.artifact),
@@ -339,6 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_compile_option_args(c)
     c.add_argument("--tuning-db", help="tuning database (JSON lines, from `ellm tune`) with schedule knobs")
     c.add_argument("--force", action="store_true", help="replace an existing output directory")
+    from .parallel.cli import add_compile_args as add_parallel_compile_args
+
+    add_parallel_compile_args(c)
     c.set_defaults(func=cmd_compile)
 
     r = sub.add_parser("run", help="generate text with a compiled artifact")

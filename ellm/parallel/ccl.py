@@ -58,6 +58,16 @@ class Traffic:
     bytes_in: int = 0
     wait_s: float = 0.0  # spent waiting for the other ranks
 
+    def since(self, before: Traffic) -> Traffic:
+        return Traffic(self.calls - before.calls, self.bytes_out - before.bytes_out, self.bytes_in - before.bytes_in,
+                       self.wait_s - before.wait_s)
+
+    def per(self, steps: int) -> dict[str, float]:
+        """Per step (token): collectives, bytes published, bytes read from the other ranks, seconds waiting."""
+        n = max(1, steps)
+        return {"collectives": self.calls / n, "bytes_out": self.bytes_out / n, "bytes_in": self.bytes_in / n,
+                "wait_s": self.wait_s / n}
+
 
 class Communicator:
     """One rank's end of the shared-memory group `path` (mapped whole; the driver unlinks the name once every

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
@@ -62,6 +63,7 @@ class ParallelEngine:
         self.cpus = rank_cpus(self.world, cpus)
         self.tokens: list[int] = []
         self.stats = GenerationStats()
+        self.decode_traffic = ccl.Traffic()  # what the last generate's decode steps moved (rank 0's view)
         self._broken: str | None = None
         # one slot holds the largest thing a rank publishes: a chunk's residual stream or its logits slice
         slot = 4 * self.max_chunk * max(self.config.d_model, max(tp.vocab_widths[tp.rank] for tp in self.group.ranks))
@@ -121,8 +123,8 @@ class ParallelEngine:
         self._sess = None
 
     def traffic(self) -> ccl.Traffic:
-        """What rank 0's collectives moved so far."""
-        return self._rank0.comm.traffic
+        """What rank 0's collectives moved so far (a copy)."""
+        return replace(self._rank0.comm.traffic)
 
     # --- steps ----------------------------------------------------------------------------------
     @property
@@ -169,10 +171,14 @@ class ParallelEngine:
         del self.tokens[n:]
 
     def generate(self, ids: Sequence[int], max_new_tokens: int, sampling: SamplingConfig | None = None,
-                 stop_at_eog: bool = True, on_logits=None) -> list[int]:
-        """New tokens continuing `ids` from an empty cache (greedy by default). `on_logits(tok, logits)` sees the
-        logits each token was chosen from."""
+                 stop_at_eog: bool = True, on_token=None, on_logits=None) -> list[int]:
+        """New tokens continuing `ids` from an empty cache (greedy by default). `on_token(tok)` sees each token
+        (returning True stops there); `on_logits(tok, logits)` the logits it was chosen from."""
         t0 = time.perf_counter()
+        if not ids:
+            raise EllmError("generate needs a non-empty prompt")
+        if max_new_tokens < 1:
+            raise EllmError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
         self.truncate(0)
         sampler = Sampler(sampling or SamplingConfig())
         stats = self.stats = GenerationStats(prompt_tokens=len(ids))
@@ -180,14 +186,16 @@ class ParallelEngine:
         logits = self.prefill(ids)
         stats.prefill_s = time.perf_counter() - t0
         out: list[int] = []
-        t_dec = time.perf_counter()
+        t_dec, before = time.perf_counter(), self.traffic()
         while True:
             tok = sampler.choose(logits, history)
             if on_logits:
                 on_logits(tok, logits)
             out.append(tok)
             history.append(tok)
-            if stop_at_eog and self.tokenizer.is_eog(tok):
+            if on_token and on_token(tok):
+                stats.stop_reason = "stop"
+            elif stop_at_eog and self.tokenizer.is_eog(tok):
                 stats.stop_reason = "eog"
             elif len(out) >= max_new_tokens:
                 stats.stop_reason = "length"
@@ -199,4 +207,5 @@ class ParallelEngine:
             stats.decode_tokens += 1
             stats.decode_steps += 1
         stats.decode_s = time.perf_counter() - t_dec if stats.decode_tokens else 0.0
+        self.decode_traffic = self.traffic().since(before)
         return out

@@ -43,9 +43,11 @@ class TensorParallel:
     def plan(cls, cfg: ModelConfig, rank: int, world: int) -> TensorParallel:
         """Rank `rank`'s slice: KV heads balanced by count (each rank keeps whole GQA groups), FFN and
         vocabulary rows balanced in FF_UNIT and VOCAB_UNIT steps."""
-        if not 2 <= world <= cfg.n_kv_heads:
-            raise EllmError(f"tensor parallelism splits KV heads: {world} ranks need between 2 and "
-                            f"{cfg.n_kv_heads} (this model's KV heads)")
+        if world < 2:
+            raise EllmError(f"tensor parallelism needs at least 2 ranks, got {world}")
+        if world > cfg.n_kv_heads:
+            raise EllmError(f"tensor parallelism gives each rank whole KV heads: this model has {cfg.n_kv_heads}, "
+                            f"too few for {world} ranks")
         if not 0 <= rank < world:
             raise EllmError(f"rank {rank} of {world}")
         if cfg.attn_bias:

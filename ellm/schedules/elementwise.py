@@ -37,22 +37,32 @@ class EmbeddingRule(Rule):
         return req.kind is OpKind.EMBEDDING
 
     def build(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]):
+        """`first_row` (a tensor-parallel rank's vocabulary slice, rows [first_row, first_row + vocab)): tokens
+        outside the slice get zero rows, and the ranks' all-reduce assembles every token's row."""
         fmt = FORMATS[req.qtype]
         vocab, dim = req.weight_shape
         M = token_dim(req)
         tokens = te.placeholder((M,), "int32", name="tokens")
-        if req.attr("layout") == "tile16":  # tied with an LM head in 16-row tiles: gather the row's lanes
-            w = tiled_placeholders(req.qtype, vocab, dim)
-            out = te.compute((M, dim), lambda t, c: dequant_tiled(req.qtype, w, tokens[t], c), name="embed")
-            sch = tvm.s_tir.Schedule(te.create_prim_func([tokens, *w.values(), out]))
-            sch.parallel(sch.get_loops(sch.get_sblock("embed"))[0])
-            return sch.mod["main"]
-        w = weight_placeholders(fmt, vocab, dim)
-        out = te.compute((M, dim), lambda t, c: dequant(fmt, w, tokens[t], *split_k(fmt, c)), name="embed")
+        first = req.attr("first_row")
+        if first is None:
+            row, keep = (lambda t: tokens[t]), None
+        else:
+            local = lambda t: tokens[t] - first  # noqa: E731
+            row = lambda t: te.max(te.min(local(t), vocab - 1), 0)  # noqa: E731 (in bounds whether kept or not)
+            keep = lambda t: tvm.tirx.all(local(t) >= 0, local(t) < vocab)  # noqa: E731
+        tiled = req.attr("layout") == "tile16"  # tied with an LM head in 16-row tiles: gather the row's lanes
+        w = tiled_placeholders(req.qtype, vocab, dim) if tiled else weight_placeholders(fmt, vocab, dim)
+
+        def value(t, c):
+            v = dequant_tiled(req.qtype, w, row(t), c) if tiled else dequant(fmt, w, row(t), *split_k(fmt, c))
+            return v if keep is None else tvm.tirx.if_then_else(keep(t), v, tvm.tirx.const(0.0, "float32"))
+
+        out = te.compute((M, dim), value, name="embed")
         sch = tvm.s_tir.Schedule(te.create_prim_func([tokens, *w.values(), out]))
         block = sch.get_sblock("embed")
         sch.parallel(sch.get_loops(block)[0])
-        split_row_loop(sch, block, fmt)
+        if not tiled:
+            split_row_loop(sch, block, fmt)
         return sch.mod["main"]
 
 

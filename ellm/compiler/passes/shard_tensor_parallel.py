@@ -1,5 +1,6 @@
 """Keep one tensor-parallel rank's slice of the model (parallel/shard.py) and join the ranks where a slice ends:
-an all-reduce after each row-parallel matmul, an all-gather of the logits."""
+an all-reduce after the vocabulary-parallel embedding and after each row-parallel matmul, an all-gather of the
+logits."""
 
 from __future__ import annotations
 
@@ -46,7 +47,13 @@ def shard_tensor_parallel(g: Graph, ctx: PassContext) -> Graph:
     for name in g.names():
         op = g.op(name)
         role = name.rsplit(".", 1)[-1]
-        if op.kind is OpKind.INPUT and name == "kv_cache":
+        if op.kind is OpKind.EMBEDDING:
+            # vocabulary-parallel: this rank's rows of the table (tied: the very weight its head rows are), zero
+            # rows for the other ranks' tokens, and the all-reduce puts every token's row together
+            w = _rows(op.weight, v0, v1, name=f"{op.weight.name}.rows{v0}-{v1}")
+            g.set_op(name, replace(op, weights=(w,)).with_attrs(first_row=v0))
+            g.insert_after(name, f"{name}.allreduce", Op(OpKind.ALLREDUCE, op.outs, (Use(name),)))
+        elif op.kind is OpKind.INPUT and name == "kv_cache":
             g.set_op(name, replace(op, outs=(cache_t,)))
         elif op.kind is OpKind.MATMUL and role in row_slices:
             w = _rows(op.weight, *row_slices[role])
@@ -65,8 +72,6 @@ def shard_tensor_parallel(g: Graph, ctx: PassContext) -> Graph:
         elif op.kind is OpKind.SILU_MUL:
             g.set_op(name, replace(op, outs=(_width(op.out, f1 - f0),)))
         elif op.kind is OpKind.LM_HEAD:
-            # a tied head reads the embedding's tensor: its rows here are a weight of their own, the lookup
-            # keeps the whole table (the embedding reads one row per token)
             w = _rows(op.weight, v0, v1, name=f"{op.weight.name}.rows{v0}-{v1}")
             g.set_op(name, replace(op, outs=(_width(op.out, w.rows),), weights=(w,)))
             # [T, vocab]: every rank's logits in rank order
