@@ -152,7 +152,7 @@ def test_packed_column_slices_are_slices_of_the_packed_whole(tiny):
 def _group(tmp_path, world=2, slot=1 << 16, timeout=5.0):
     path = str(tmp_path / "seg")
     ccl.create_segment(path, world, slot)
-    return [ccl.Communicator(path, r, world, slot, timeout) for r in range(world)]
+    return [ccl.ShmCommunicator(path, r, world, slot, timeout) for r in range(world)]
 
 
 def _on_threads(fns):
@@ -188,7 +188,8 @@ def test_allreduce_and_allgather_agree_on_every_rank(tmp_path):
     want = np.concatenate([xs[0][:, :6], xs[1][:, :7], xs[2][:, :8]], axis=1)
     for _, g in res:
         np.testing.assert_array_equal(g, want)
-    assert comms[0].traffic.calls == 6 and comms[0].traffic.bytes_in == 2 * comms[0].traffic.bytes_out
+    # every rank reads what the others published: 5 all-reduces of [4, 40] float32, then their gathered columns
+    assert comms[0].traffic.calls == 6 and comms[0].traffic.bytes_in == 5 * 2 * 640 + (7 + 8) * 4 * 4
 
 
 def test_a_silent_peer_times_out_and_a_failed_one_stops_the_rest(tmp_path):
@@ -217,3 +218,48 @@ def test_a_dead_peer_is_seen_at_once(tmp_path):
         a.allreduce(np.ones(4, np.float32), np.empty(4, np.float32))
     assert time.perf_counter() - t < 5  # a zombie (not yet reaped) counts as dead
     proc.wait()
+
+
+def _tcp_group(world, timeout=10.0):
+    from ellm.parallel.tcp import TcpCommunicator, free_local_addresses, parse_addresses
+
+    addrs = parse_addresses(free_local_addresses(world))
+    return _on_threads([lambda r=r: TcpCommunicator(addrs, r, timeout) for r in range(world)])
+
+
+def test_tcp_exchanges_large_payloads_both_ways_and_in_rank_order():
+    comms = _tcp_group(3)
+    rng = np.random.default_rng(1)
+    # 8 MB each way at once: more than the sockets buffer, so sends and receives must interleave
+    xs = [rng.standard_normal(2 << 20).astype(np.float32) for _ in comms]
+
+    def rank(c):
+        out = np.empty_like(xs[c.rank])
+        c.allreduce(xs[c.rank], out)
+        small = np.empty(3, np.float32)
+        for k in range(20):  # back-to-back calls: a fast rank's next message must not be read into this one
+            c.allreduce(np.full(3, k + c.rank, np.float32), small)
+        return out, small
+
+    res = _on_threads([lambda c=c: rank(c) for c in comms])
+    want = (xs[0] + xs[1]) + xs[2]
+    for out, small in res:
+        np.testing.assert_array_equal(out, want)
+        np.testing.assert_array_equal(small, np.full(3, 3 * 19 + 3, np.float32))
+    for c in comms:
+        c.close()
+
+
+def test_tcp_peer_that_fails_or_stays_silent_is_an_error():
+    a, b = _tcp_group(2, timeout=0.5)
+    with pytest.raises(RuntimeError, match="rank 1 did not answer within 0.5 s"):
+        a.allreduce(np.ones(4, np.float32), np.empty(4, np.float32))
+    a.close()
+    b.close()
+    a, b = _tcp_group(2, timeout=30)
+    b.fail("boom")  # closes its connections
+    t = time.perf_counter()
+    with pytest.raises(RuntimeError, match="rank 1 closed its connection"):
+        a.allreduce(np.ones(4, np.float32), np.empty(4, np.float32))
+    assert time.perf_counter() - t < 5 and b.errors() == [f"rank 1 (pid {os.getpid()}): boom"]
+    a.close()

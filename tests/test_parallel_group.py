@@ -58,6 +58,18 @@ def test_the_group_gives_the_single_process_logits(built, group):
     assert per["bytes_in"] == (1 + 2 * 2) * 256 * 4 + 160 * 4
 
 
+def test_the_tcp_transport_gives_the_same_logits(built, group):
+    tcp = ParallelEngine(built[2], timeout_s=10, transport="tcp")
+    try:
+        prompt = [9, 8, 7, 6]
+        group.truncate(0)
+        np.testing.assert_array_equal(tcp.prefill(prompt), group.prefill(prompt))
+        for t in (1, 2, 3, 4):
+            np.testing.assert_array_equal(tcp.decode(t), group.decode(t))
+    finally:
+        tcp.close()
+
+
 def test_each_rank_holds_its_slice(built):
     g = read_group(built[2])
     sizes = [sum(p.stat().st_size for p in g.rank_dir(r).glob("weights.bin")) for r in range(2)]
@@ -90,7 +102,7 @@ def test_cli_compiles_and_runs_a_group(built, tmp_path):
 _DRIVER = """
 import os, signal, sys, time
 from ellm.parallel.engine import ParallelEngine, ParallelError
-eng = ParallelEngine(sys.argv[1], timeout_s=float(sys.argv[3]))
+eng = ParallelEngine(sys.argv[1], timeout_s=float(sys.argv[3]), transport=sys.argv[5])
 eng.prefill([5, 6, 7])
 for i in range(3):
     eng.decode(i)
@@ -112,18 +124,19 @@ eng.close()
 """
 
 
-@pytest.mark.parametrize("sig, when, expect, within", [
-    ("SIGKILL", "step", "rank 1 \\(pid \\d+\\) died", 5.0),
-    ("SIGKILL", "idle", "(rank 1 \\(pid \\d+\\) died|a worker's pipe broke)", 5.0),
-    ("SIGSTOP", "step", "rank 1 did not answer within 2 s", 8.0),
+@pytest.mark.parametrize("sig, when, transport, expect, within", [
+    ("SIGKILL", "step", "shm", "rank 1 \\(pid \\d+\\) died", 5.0),
+    ("SIGKILL", "idle", "shm", "rank 1 \\(pid \\d+\\) died", 5.0),
+    ("SIGSTOP", "step", "shm", "rank 1 did not answer within 2 s", 8.0),
+    ("SIGKILL", "step", "tcp", "rank 1 closed its connection", 5.0),
 ])
-def test_a_dead_or_silent_worker_is_an_error_never_a_hang(built, tmp_path, sig, when, expect, within):
+def test_a_dead_or_silent_worker_is_an_error_never_a_hang(built, tmp_path, sig, when, transport, expect, within):
     import re
 
     script = tmp_path / "driver.py"
     script.write_text(_DRIVER)
     t = time.perf_counter()
-    out = subprocess.run([sys.executable, str(script), str(built[2]), sig, "2", when], capture_output=True,
+    out = subprocess.run([sys.executable, str(script), str(built[2]), sig, "2", when, transport], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr  # no abort in Disco's destructors
     first, second = out.stdout.strip().splitlines()

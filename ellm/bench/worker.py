@@ -30,22 +30,10 @@ def real_tokens(tokenizer_encode, n: int) -> list[int]:
     return ids[:n]
 
 
-def run_ellm(a) -> dict:
+def _decode_rates(eng, logits, a) -> list[float]:
+    """Per repeat: truncate back to `ctx`, `warmup` untimed steps, then tokens/s over `gen` timed steps."""
     import numpy as np
 
-    import ellm
-
-    from ellm.cli import attention_option, rope_scaling_option
-    from ellm.numa.cli import numa_option
-
-    eng = ellm.load(a.artifact, threads=a.threads, ctx_size=a.ctx + a.gen + a.warmup + 16, target=a.target,
-                    rope_scaling=rope_scaling_option(a), attention=attention_option(a, a.artifact), numa=numa_option(a))
-    ids = real_tokens(eng.tokenizer.encode, a.ctx)
-    eng.prefill(ids[: min(256, a.ctx)])  # warm-up: page in weights and code
-    eng.reset()
-    t = time.perf_counter()
-    logits = eng.prefill(ids)
-    prefill_s = time.perf_counter() - t
     rates = []
     for _ in range(a.repeat):
         eng.truncate(a.ctx)
@@ -56,8 +44,52 @@ def run_ellm(a) -> dict:
         for _ in range(a.gen):
             tok = int(np.argmax(eng.decode(tok)))
         rates.append(a.gen / (time.perf_counter() - t))
+    return rates
+
+
+def run_ellm(a) -> dict:
+    import ellm
+
+    from ellm.cli import attention_option, rope_scaling_option
+    from ellm.numa.cli import numa_option
+    from ellm.parallel.build import is_group
+
+    if is_group(a.artifact):
+        return run_group(a)
+    eng = ellm.load(a.artifact, threads=a.threads, ctx_size=a.ctx + a.gen + a.warmup + 16, target=a.target,
+                    rope_scaling=rope_scaling_option(a), attention=attention_option(a, a.artifact), numa=numa_option(a))
+    ids = real_tokens(eng.tokenizer.encode, a.ctx)
+    eng.prefill(ids[: min(256, a.ctx)])  # warm-up: page in weights and code
+    eng.reset()
+    t = time.perf_counter()
+    logits = eng.prefill(ids)
+    prefill_s = time.perf_counter() - t
+    rates = _decode_rates(eng, logits, a)
     return {"prefill_s": prefill_s, "decode_tok_s": rates, "target": eng.target, "isa": eng.artifact.target["isa"],
             "numa": eng.placement.summary()}
+
+
+def run_group(a) -> dict:
+    """A tensor-parallel group (ellm.parallel): the same measurement, plus what its collectives moved per decode
+    step (rank 0's view). `threads`: CPUs for all ranks together, the first ones this process may use."""
+    from ellm.numa.topology import allowed_cpus
+    from ellm.parallel.engine import ParallelEngine
+
+    eng = ParallelEngine(a.artifact, ctx_size=a.ctx + a.gen + a.warmup + 16, cpus=sorted(allowed_cpus())[: a.threads])
+    try:
+        ids = real_tokens(eng.tokenizer.encode, a.ctx)
+        eng.prefill(ids[: min(256, a.ctx)])
+        eng.truncate(0)
+        t = time.perf_counter()
+        logits = eng.prefill(ids)
+        prefill_s = time.perf_counter() - t
+        before = eng.traffic()
+        rates = _decode_rates(eng, logits, a)
+        per = eng.traffic().since(before).per(a.repeat * (a.warmup + a.gen))
+    finally:
+        eng.close()
+    return {"prefill_s": prefill_s, "decode_tok_s": rates, "ranks": eng.world, "cpus": [list(c) for c in eng.cpus],
+            "collectives_per_token": per}
 
 
 def run_llama_cpp(a) -> dict:

@@ -1,12 +1,13 @@
-"""eLLM's CPU collective for tensor-parallel ranks on one machine: all-reduce and all-gather over a shared-memory
-segment, registered as the packed functions a rank's VM calls (and as Disco's own collectives, worker.py).
+"""eLLM's CPU collective for tensor-parallel ranks: all-reduce and all-gather over a transport (shared memory
+within a machine, here; TCP across machines, tcp.py), registered as the packed functions a rank's VM calls.
 
 TVM 0.27's Disco ships collectives for NCCL and RCCL only. This one never raises into the caller: a rank that
 fails (a dead or silent peer, a bad buffer) records why in the segment, returns at once from this and every later
 collective, and the driver reads the failure after the step (engine.py). An exception escaping a function that
 Disco runs on worker 0 (a thread of the driver) would abort the driver instead.
 
-Segment layout: a header page of per-rank words [seq, pid, failed] (64 bytes apart) and error texts, then
+The shared-memory transport (ShmCommunicator; tcp.py has the one across machines). Segment layout: a header
+page of per-rank words [seq, pid, failed, bytes of generation 0 and 1] (64 bytes apart) and error texts, then
 two generations of per-rank slots. Call k writes generation k % 2 of its own slot, publishes seq = k, and waits
 for every rank's seq >= k: no rank can write a generation again before every rank has read it.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -70,6 +72,62 @@ class Traffic:
 
 
 class Communicator:
+    """One rank's end of a group: the collectives, over a transport's exchange of every rank's bytes."""
+
+    rank: int
+    world: int
+    timeout_s: float
+    traffic: Traffic
+
+    def _exchange(self, data: np.ndarray) -> list[np.ndarray]:
+        """Send this rank's bytes `data` [n] uint8, and receive every rank's (this one's included), in rank
+        order, valid until the next exchange."""
+        raise NotImplementedError
+
+    @property
+    def failed(self) -> bool:
+        raise NotImplementedError
+
+    def fail(self, why: str) -> None:
+        """Record this rank's failure (the first reason is kept); the other ranks stop waiting for it."""
+        raise NotImplementedError
+
+    def errors(self) -> list[str]:
+        """The failures this rank knows of, in rank order."""
+        raise NotImplementedError
+
+    def absent(self) -> list[int]:
+        """Ranks that never joined the group."""
+        return []
+
+    def close(self) -> None:
+        pass
+
+    def _count(self, nbytes: int, parts: list[np.ndarray]) -> None:
+        self.traffic.calls += 1
+        self.traffic.bytes_out += nbytes
+        self.traffic.bytes_in += sum(p.size for r, p in enumerate(parts) if r != self.rank)
+
+    def allreduce(self, send: np.ndarray, out: np.ndarray) -> None:
+        """out = the sum over ranks of `send`, added in rank order on every rank (so every rank's copy of the
+        replicated residual stream stays bit-identical)."""
+        raw = self._exchange(np.ascontiguousarray(send).reshape(-1).view(np.uint8))
+        parts = [p.view(send.dtype).reshape(send.shape) for p in raw]
+        np.add(parts[0], parts[1], out=out)
+        for p in parts[2:]:
+            np.add(out, p, out=out)
+
+    def allgather(self, send: np.ndarray, widths: tuple[int, ...], out: np.ndarray) -> None:
+        """out[..., rank r's columns] = rank r's `send` [..., widths[r]], concatenated in rank order."""
+        raw = self._exchange(np.ascontiguousarray(send).reshape(-1).view(np.uint8))
+        lead = send.shape[:-1]
+        start = 0
+        for p, w in zip(raw, widths):
+            out[..., start : start + w] = p.view(send.dtype).reshape(*lead, w)
+            start += w
+
+
+class ShmCommunicator(Communicator):
     """One rank's end of the shared-memory group `path` (mapped whole; the driver unlinks the name once every
     rank has it)."""
 
@@ -83,6 +141,7 @@ class Communicator:
         buf = np.frombuffer(self._map, dtype=np.uint8)
         words = buf[: world * _WORDS * 8].view(np.int64).reshape(world, _WORDS)
         self._seq, self._pid, self._failed = words[:, 0], words[:, 1], words[:, 2]
+        self._sizes = words[:, 3:5].T  # [generation, rank]: bytes in the slot
         self._err = buf[_ERR_AT : _ERR_AT + world * _ERR_BYTES].reshape(world, _ERR_BYTES)
         # [generation, rank, slot_bytes]
         self._slots = buf[HEADER:].reshape(2, world, slot_bytes)
@@ -107,21 +166,23 @@ class Communicator:
         return [bytes(self._err[r]).rstrip(b"\0").decode(errors="replace") for r in range(self.world)
                 if self._failed[r]]
 
-    # --- collectives ---------------------------------------------------------------------------
-    def _publish(self, send: np.ndarray) -> np.ndarray:
-        """Write `send` into this call's slot, announce it, wait for every rank's; the generation's slots."""
-        data = send.reshape(-1).view(np.uint8)
+    def absent(self) -> list[int]:
+        return [r for r in range(self.world) if not self._pid[r]]
+
+    # --- the exchange ----------------------------------------------------------------------------
+    def _exchange(self, data: np.ndarray) -> list[np.ndarray]:
+        """Write `data` into this call's slot, announce it, wait for every rank's."""
         if data.size > self.slot_bytes:
             raise ValueError(f"{data.size} bytes exceed the group's {self.slot_bytes}-byte slots")
         self._k += 1
         slots = self._slots[self._k % 2]
         slots[self.rank, : data.size] = data
+        self._sizes[self._k % 2, self.rank] = data.size
         self._seq[self.rank] = self._k
         self._wait(self._k)
-        self.traffic.calls += 1
-        self.traffic.bytes_out += data.size
-        self.traffic.bytes_in += data.size * (self.world - 1)
-        return slots
+        parts = [slots[r, : int(self._sizes[self._k % 2, r])] for r in range(self.world)]
+        self._count(data.size, parts)
+        return parts
 
     def _wait(self, k: int) -> None:
         seq, spins, t0 = self._seq, 0, time.perf_counter()
@@ -140,44 +201,44 @@ class Communicator:
                 raise RuntimeError(f"rank {late[0]} did not answer within {self.timeout_s:g} s")
         self.traffic.wait_s += time.perf_counter() - t0
 
-    def allreduce(self, send: np.ndarray, out: np.ndarray) -> None:
-        """out = the sum over ranks of `send`, added in rank order on every rank (so every rank's copy of the
-        replicated residual stream stays bit-identical)."""
-        slots = self._publish(send)
-        n = send.size
-        parts = [slots[r, : n * send.itemsize].view(send.dtype).reshape(send.shape) for r in range(self.world)]
-        np.add(parts[0], parts[1], out=out)
-        for p in parts[2:]:
-            np.add(out, p, out=out)
-
-    def allgather(self, send: np.ndarray, widths: tuple[int, ...], out: np.ndarray) -> None:
-        """out[..., rank r's columns] = rank r's `send` [..., widths[r]], concatenated in rank order."""
-        slots = self._publish(send)
-        lead = send.shape[:-1]
-        start = 0
-        for r, w in enumerate(widths):
-            n = int(np.prod(lead, dtype=np.int64)) * w
-            out[..., start : start + w] = slots[r, : n * send.itemsize].view(send.dtype).reshape(*lead, w)
-            start += w
-
     def close(self) -> None:
-        self._seq = self._pid = self._failed = self._err = self._slots = None
-        self._map.close()
+        """Nothing to do: the mapping goes with the last view of it (numpy arrays the caller may still hold)."""
+
+
+def connect(spec: str, rank: int, world: int, slot_bytes: int, timeout_s: float) -> Communicator:
+    """Rank `rank`'s end of the group `spec`: "shm:PATH" (a segment from create_segment, one machine) or
+    "tcp:HOST:PORT,..." (one address per rank, machines anywhere)."""
+    kind, _, where = spec.partition(":")
+    if kind == "shm":
+        return ShmCommunicator(where, rank, world, slot_bytes, timeout_s)
+    if kind == "tcp":
+        from .tcp import TcpCommunicator, parse_addresses
+
+        addresses = parse_addresses(where)
+        if len(addresses) != world:
+            raise ValueError(f"{len(addresses)} addresses for {world} ranks")
+        return TcpCommunicator(addresses, rank, timeout_s)
+    raise ValueError(f"unknown transport {kind!r} (shm or tcp)")
 
 
 # --- the packed functions a rank's VM calls --------------------------------------------------------
-# A process runs at most one rank (Disco: worker 0 in the driver, each other worker in a process of its own), so
-# the collectives find their group here; the packed functions have no other way to receive it.
-_comm: list[Communicator | None] = [None]
+# The group of each Disco worker thread (worker 0 of every group a driver runs lives in the driver's process),
+# keyed by the OS thread: the packed functions have no other way to receive it, and threading.local does not
+# survive between calls from a thread Python did not start (each call gets a fresh Python thread state).
+_comms: dict[int, Communicator] = {}
 
 
 def attach(comm: Communicator | None) -> None:
-    """Make `comm` this process's group (None: leave it)."""
-    _comm[0] = comm
+    """Make `comm` the calling thread's group (None: leave it)."""
+    tid = threading.get_native_id()
+    if comm is None:
+        _comms.pop(tid, None)
+    else:
+        _comms[tid] = comm
 
 
 def current() -> Communicator | None:
-    return _comm[0]
+    return _comms.get(threading.get_native_id())
 
 
 def _run(op, *args) -> None:

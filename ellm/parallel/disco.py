@@ -35,6 +35,11 @@ class WorkerPool:
     def pids(self) -> list[int]:
         return [w._proc.pid for w in self.workers if w._proc is not None]
 
+    def dead(self) -> list[tuple[int, int]]:
+        """(worker id, pid) of the worker processes that have exited."""
+        return [(i + 1, w._proc.pid) for i, w in enumerate(self.workers)
+                if w._proc is not None and w._proc.poll() is not None]
+
     def disarm(self) -> None:
         """After a worker failed: kill every worker process and point the driver's pipe ends at /dev/null, so
         that shutting the session down writes nowhere instead of throwing in its destructor (which aborts)."""

@@ -24,6 +24,9 @@ from .build import read_group
 ENTRYPOINT = "ellm.parallel.worker"
 
 
+_ABANDONED: list = []  # sessions of failed groups (close)
+
+
 class ParallelError(EllmError):
     """A rank of a tensor-parallel group failed: its process died, it stopped answering, or its step raised."""
 
@@ -47,8 +50,9 @@ def rank_cpus(world: int, cpus: Sequence[int] | None = None) -> list[tuple[int, 
 
 class ParallelEngine:
     def __init__(self, path: str | Path, ctx_size: int | None = None, timeout_s: float = 60.0,
-                 cpus: Sequence[int] | None = None):
-        """`timeout_s`: how long a rank waits for the others in a collective before the step fails."""
+                 cpus: Sequence[int] | None = None, transport: str = "shm"):
+        """`timeout_s`: how long a rank waits for the others in a collective before the step fails.
+        `transport`: "shm" (shared memory) or "tcp" (loopback here; across machines the same code, ccl.py)."""
         from ..runtime.artifact import Artifact
         from .disco import start_session
 
@@ -67,41 +71,54 @@ class ParallelEngine:
         self._broken: str | None = None
         # one slot holds the largest thing a rank publishes: a chunk's residual stream or its logits slice
         slot = 4 * self.max_chunk * max(self.config.d_model, max(tp.vocab_widths[tp.rank] for tp in self.group.ranks))
-        segment = f"/dev/shm/ellm-tp-{os.getpid()}-{time.monotonic_ns()}"
-        ccl.create_segment(segment, self.world, slot)
+        if transport not in ("shm", "tcp"):
+            raise EllmError(f"transport must be shm or tcp, got {transport!r}")
+        self.transport = transport
+        self._name = f"{os.getpid()}-{time.monotonic_ns()}"  # this group among the driver's (worker.state)
+        segment = f"/dev/shm/ellm-tp-{self._name}"
+        if transport == "shm":
+            ccl.create_segment(segment, self.world, slot)
+            spec = f"shm:{segment}"
+        else:
+            from .tcp import free_local_addresses
+
+            spec = f"tcp:{free_local_addresses(self.world)}"
         try:
             worker.register()
             self._sess, self._pool = start_session(self.world, ENTRYPOINT)
             self._fns = {n: self._sess.get_global_func(n) for n in (worker.OPEN, worker.STEP, worker.CLOSE)}
-            self._call(worker.OPEN, str(self.group.path), segment, slot, float(timeout_s),
+            self._call(worker.OPEN, str(self.group.path), spec, slot, float(timeout_s),
                        ";".join(",".join(map(str, c)) for c in self.cpus), int(self.ctx_size), sync_all=True)
         finally:
-            os.unlink(segment)  # every rank that opened it keeps its mapping
+            if transport == "shm":
+                os.unlink(segment)  # every rank that opened it keeps its mapping
 
     # --- calls into the group ----------------------------------------------------------------
     @property
     def _rank0(self) -> worker.RankState:
-        st = worker.state(0)
+        st = worker.state(self._name, 0)
         assert st is not None
         return st
 
     def _call(self, name: str, *args, sync_all: bool = False) -> None:
         if self._broken:
             raise ParallelError(f"the tensor-parallel group failed earlier ({self._broken}); load it again")
+        dead = self._pool.dead()
+        if dead:  # before Disco writes to its pipe: a broadcast broken half-way leaves a session that cannot close
+            self._fail(f"rank {dead[0][0]} (pid {dead[0][1]}) died")
         try:
-            self._sess.call_packed(self._fns[name], *args)
+            self._sess.call_packed(self._fns[name], self._name, *args)
             for w in range(self.world if sync_all else 1):
                 self._sess._sync_worker(w)
         except Exception as e:  # noqa: BLE001 (Disco reports a dead worker's pipe as a TVM error)
             self._fail(f"a worker's pipe broke ({' '.join(str(e).split())[:200]})")
-        st = worker.state(0)
+        st = worker.state(self._name, 0)
         comm = st.comm if st is not None else None
         errors = comm.errors() if comm is not None else []
         if st is not None and st.error and not errors:
             errors = [st.error]
         if comm is not None and sync_all:
-            missing = [r for r in range(self.world) if not comm._pid[r]]
-            errors += [f"rank {r} did not start (its stderr says why)" for r in missing]
+            errors += [f"rank {r} did not start (its stderr says why)" for r in comm.absent()]
         if errors:
             self._fail("; ".join(errors))
 
@@ -114,13 +131,23 @@ class ParallelEngine:
         """Stop the workers (the group cannot run afterwards)."""
         if getattr(self, "_sess", None) is None:
             return
-        if not self._broken:
-            try:
+        try:
+            if not self._broken:
                 self._call(worker.CLOSE, sync_all=True)
-            except ParallelError:
-                pass
-        self._sess.shutdown()
-        self._sess = None
+        except ParallelError:
+            pass
+        finally:
+            if self._broken and "pipe broke" in self._broken:
+                # a session whose broadcast broke half-way cannot shut down (TVM terminates the process in its
+                # destructor): keep it, disarmed, for the life of the process
+                _ABANDONED.append(self._sess)
+            else:
+                self._sess.shutdown()
+            self._sess = None
+            st = worker.state(self._name, 0)
+            if st is not None and st.comm is not None:
+                st.comm.close()
+                st.comm = None
 
     def traffic(self) -> ccl.Traffic:
         """What rank 0's collectives moved so far (a copy)."""

@@ -22,6 +22,7 @@ OPEN, STEP, CLOSE = "ellm.parallel.open", "ellm.parallel.step", "ellm.parallel.c
 
 @dataclass
 class RankState:
+    group: str  # the driver's name for the group (several may run from one driver)
     rank: int
     engine: Any = None  # runtime.engine.Engine on this rank's artifact
     comm: ccl.Communicator | None = None
@@ -29,14 +30,14 @@ class RankState:
     error: str | None = None
 
 
-# The workers of this process by rank: worker 0 lives in the driver's process, and this is how the driver reads
-# its results without a round trip through Disco.
-_states: dict[int, RankState] = {}
+# The workers of this process by (group, rank): worker 0 of each group lives in the driver's process, and this
+# is how the driver reads its results without a round trip through Disco.
+_states: dict[tuple[str, int], RankState] = {}
 _lock = threading.Lock()
 
 
-def state(rank: int) -> RankState | None:
-    return _states.get(rank)
+def state(group: str, rank: int) -> RankState | None:
+    return _states.get((group, rank))
 
 
 def _rank() -> int:
@@ -46,30 +47,35 @@ def _rank() -> int:
 
 
 def _guarded(fn):
-    def run(*args):
-        st = _states.get(_rank()) or RankState(_rank())
+    def run(group: str, *args):
+        st = None
         try:
+            rank = _rank()
+            st = _states.get((group, rank)) or RankState(group, rank)
+            ccl.attach(st.comm)
             fn(st, *args)
         except BaseException as e:  # noqa: BLE001 (see the module docstring)
-            st.error = st.error or f"rank {st.rank}: {e}"
-            if st.comm is not None:
-                st.comm.fail(str(e))
-        with _lock:
-            _states[st.rank] = st
+            if st is not None:
+                st.error = st.error or f"rank {st.rank}: {e}"
+                if st.comm is not None:
+                    st.comm.fail(str(e))
+        if st is not None:
+            with _lock:
+                _states[(group, st.rank)] = st
 
     return run
 
 
-def _open(st: RankState, group_dir: str, segment: str, slot_bytes: int, timeout_s: float, cpus: str,
+def _open(st: RankState, group_dir: str, transport: str, slot_bytes: int, timeout_s: float, cpus: str,
           ctx_size: int) -> None:
-    """Map the group's segment and load this rank's artifact on its CPUs (`cpus`: one comma-separated list per
-    rank, joined by ';')."""
+    """Join the group's transport (ccl.connect) and load this rank's artifact on its CPUs (`cpus`: one
+    comma-separated list per rank, joined by ';')."""
     from ..numa.placement import NumaOptions
     from ..runtime.engine import Engine
     from .build import read_group
 
     group = read_group(Path(group_dir))
-    st.comm = ccl.Communicator(segment, st.rank, group.world, slot_bytes, timeout_s)
+    st.comm = ccl.connect(transport, st.rank, group.world, slot_bytes, timeout_s)
     ccl.attach(st.comm)
     mine = tuple(int(c) for c in cpus.split(";")[st.rank].split(","))
     numa = NumaOptions(mode="isolate", cpus=mine)
@@ -92,6 +98,7 @@ def _step(st: RankState, kind: str, ids, n: int) -> None:
 
 
 def _close(st: RankState) -> None:
+    """Drop the model; the transport stays until the process ends (the driver still reads worker 0's)."""
     st.engine = None
     ccl.attach(None)
 
