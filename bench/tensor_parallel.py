@@ -16,9 +16,9 @@ import sys
 from ellm.bench.report import emit_report
 
 
-def worker(artifact: str, a, threads: int) -> dict:
+def worker(artifact: str, a, threads: int, *extra: str) -> dict:
     cmd = [sys.executable, "-m", "ellm.bench.worker", "ellm", "--artifact", artifact, "--ctx", str(a.ctx),
-           "--gen", str(a.gen), "--repeat", str(a.repeat), "--threads", str(threads)]
+           "--gen", str(a.gen), "--repeat", str(a.repeat), "--threads", str(threads), *extra]
     return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
 
 
@@ -34,22 +34,26 @@ def main() -> int:
     p.add_argument("--out")
     a = p.parse_args()
     variants = {f"single-{a.threads}-threads": (a.single, a.threads), "single-1-thread": (a.single, 1),
-                "group": (a.group, a.threads)}
+                "group-shm": (a.group, a.threads, "--transport", "shm"),
+                "group-tcp": (a.group, a.threads, "--transport", "tcp")}
     rates: dict[str, list[float]] = {k: [] for k in variants}
-    traffic = None
+    traffic = {}
     for r in range(a.rounds):
         order = list(variants) if r % 2 == 0 else list(reversed(variants))
         got = {}
         for k in order:
-            out = worker(*variants[k][:1], a, variants[k][1])
+            artifact, threads, *extra = variants[k]
+            out = worker(artifact, a, threads, *extra)
             got[k] = statistics.median(out["decode_tok_s"])
             rates[k].append(got[k])
-            traffic = out.get("collectives_per_token", traffic)
+            if "collectives_per_token" in out:
+                traffic[k] = out["collectives_per_token"]
         print(json.dumps({"round": r, **got}), file=sys.stderr)
     base = f"single-{a.threads}-threads"
     report = {
         "decode": {k: {"tok_s_median": statistics.median(v), "tok_s": v} for k, v in rates.items()},
-        "group_over_single": statistics.median(g / s for g, s in zip(rates["group"], rates[base])),
+        "group_over_single": {k: statistics.median(g / s for g, s in zip(rates[k], rates[base]))
+                              for k in ("group-shm", "group-tcp")},
         "group_collectives_per_token": traffic,
         "ctx": a.ctx, "gen": a.gen, "threads": a.threads, "rounds": a.rounds,
     }

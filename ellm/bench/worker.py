@@ -75,7 +75,8 @@ def run_group(a) -> dict:
     from ellm.numa.topology import allowed_cpus
     from ellm.parallel.engine import ParallelEngine
 
-    eng = ParallelEngine(a.artifact, ctx_size=a.ctx + a.gen + a.warmup + 16, cpus=sorted(allowed_cpus())[: a.threads])
+    eng = ParallelEngine(a.artifact, ctx_size=a.ctx + a.gen + a.warmup + 16, cpus=sorted(allowed_cpus())[: a.threads],
+                         transport=a.transport)
     try:
         ids = real_tokens(eng.tokenizer.encode, a.ctx)
         eng.prefill(ids[: min(256, a.ctx)])
@@ -89,7 +90,7 @@ def run_group(a) -> dict:
     finally:
         eng.close()
     return {"prefill_s": prefill_s, "decode_tok_s": rates, "ranks": eng.world, "cpus": [list(c) for c in eng.cpus],
-            "collectives_per_token": per}
+            "transport": eng.transport, "collectives_per_token": per}
 
 
 def run_llama_cpp(a) -> dict:
@@ -165,6 +166,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--target", help="eLLM: run this target of the artifact")
+    ap.add_argument("--transport", choices=["shm", "tcp"], default="shm",
+                    help="eLLM, a tensor-parallel group: the collective's transport")
     ap.add_argument("--llama-path", help="llama.cpp: directory of the llama_cpp build to import")
     ap.add_argument("--kv-type", choices=["f16", "q8_0"], default="f16", help="llama.cpp: KV cache type")
     ap.add_argument("--no-flash-attn", dest="flash_attn", action="store_false")
