@@ -9,7 +9,6 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -23,7 +22,7 @@ from ellm.compiler.lower import ParamSpec, weight_components
 from ellm.compiler.pack_weights import _Sources, pack_param
 from ellm.config import ModelConfig, RopeScaling
 from ellm.errors import EllmError
-from ellm.parallel import ccl
+from ellm.parallel.shm import ShmCommunicator, create_segment
 from ellm.parallel.shard import TensorParallel
 from ellm.targets import resolve_target
 
@@ -151,8 +150,8 @@ def test_packed_column_slices_are_slices_of_the_packed_whole(tiny):
 # --- the collective ----------------------------------------------------------------------------------
 def _group(tmp_path, world=2, slot=1 << 16, timeout=5.0):
     path = str(tmp_path / "seg")
-    ccl.create_segment(path, world, slot)
-    return [ccl.ShmCommunicator(path, r, world, slot, timeout) for r in range(world)]
+    create_segment(path, world, slot)
+    return [ShmCommunicator(path, r, world, slot, timeout) for r in range(world)]
 
 
 def _on_threads(fns):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from synthetic import write_model
 
 from ellm.compiler.build import CompileOptions, compile_model
 from ellm.parallel.build import compile_group, read_group
-from ellm.parallel.engine import ParallelEngine, ParallelError, rank_cpus
+from ellm.parallel.engine import ParallelEngine, rank_cpus
 from ellm.runtime.engine import Engine
 
 # float activations: the ranks' partial sums differ from the whole model's only in the order of float additions
@@ -68,6 +67,23 @@ def test_the_tcp_transport_gives_the_same_logits(built, group):
             np.testing.assert_array_equal(tcp.decode(t), group.decode(t))
     finally:
         tcp.close()
+
+
+def test_disco_session_collectives_use_the_cpu_collective(group):
+    import tvm
+
+    sess = group._sess
+    src, dst = sess.empty((2, 3), "float32", tvm.cpu()), sess.empty((2, 3), "float32", tvm.cpu())
+    gathered = sess.empty((4, 3), "float32", tvm.cpu())
+    xs = [np.arange(6, dtype=np.float32).reshape(2, 3) * (r + 1) for r in range(2)]
+    for r, x in enumerate(xs):
+        src.debug_copy_from(r, x)
+    sess.allreduce(src, dst)
+    sess.allgather(src, gathered)
+    sess._sync_all()
+    for r in range(2):
+        np.testing.assert_array_equal(dst.debug_get_from_remote(r).numpy(), xs[0] + xs[1])
+        np.testing.assert_array_equal(gathered.debug_get_from_remote(r).numpy(), np.concatenate(xs))
 
 
 def test_each_rank_holds_its_slice(built):

@@ -39,8 +39,10 @@ def run_group(a: argparse.Namespace, text: str) -> int:
     given = [k for k, d in _UNSUPPORTED.items() if getattr(a, k, d) not in (d, None)]
     if given:
         raise EllmError(f"a tensor-parallel group does not take --{given[0].replace('_', '-')} yet")
+    from ..numa.topology import allowed_cpus
+
     t = time.perf_counter()
-    eng = ParallelEngine(a.artifact, ctx_size=a.ctx_size)
+    eng = ParallelEngine(a.artifact, ctx_size=a.ctx_size, cpus=sorted(allowed_cpus())[: a.threads] if a.threads else None)
     load_s = time.perf_counter() - t
     try:
         tok = eng.tokenizer

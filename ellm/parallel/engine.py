@@ -77,7 +77,9 @@ class ParallelEngine:
         self._name = f"{os.getpid()}-{time.monotonic_ns()}"  # this group among the driver's (worker.state)
         segment = f"/dev/shm/ellm-tp-{self._name}"
         if transport == "shm":
-            ccl.create_segment(segment, self.world, slot)
+            from .shm import create_segment
+
+            create_segment(segment, self.world, slot)
             spec = f"shm:{segment}"
         else:
             from .tcp import free_local_addresses
@@ -89,6 +91,9 @@ class ParallelEngine:
             self._fns = {n: self._sess.get_global_func(n) for n in (worker.OPEN, worker.STEP, worker.CLOSE)}
             self._call(worker.OPEN, str(self.group.path), spec, slot, float(timeout_s),
                        ";".join(",".join(map(str, c)) for c in self.cpus), int(self.ctx_size), sync_all=True)
+        except ParallelError:
+            self.close()
+            raise
         finally:
             if transport == "shm":
                 os.unlink(segment)  # every rank that opened it keeps its mapping

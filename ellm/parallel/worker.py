@@ -9,7 +9,7 @@ stops every rank's collectives at once, and in the worker's state, which the dri
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
