@@ -44,9 +44,8 @@ def main() -> None:
     ap.add_argument("--out", help="also write the JSON here")
     a = ap.parse_args()
 
-    import numpy as np
-
     import ellm
+    from ellm.bench.worker import decode_rates
     from ellm.demo import cached_artifact
 
     art = Path(a.artifact) if a.artifact else cached_artifact(log=lambda s: None)
@@ -64,16 +63,7 @@ def main() -> None:
         t = time.perf_counter()
         logits = eng.prefill(ids)
         prefill_s = time.perf_counter() - t
-        rates = []
-        for _ in range(a.repeat):
-            eng.truncate(ctx)
-            tok = int(np.argmax(logits))
-            for _ in range(a.warmup):
-                tok = int(np.argmax(eng.decode(tok)))
-            t = time.perf_counter()
-            for _ in range(a.gen):
-                tok = int(np.argmax(eng.decode(tok)))
-            rates.append(a.gen / (time.perf_counter() - t))
+        rates = decode_rates(eng, logits, ctx, a.gen, a.warmup, a.repeat)
         results.append(
             {
                 "ctx": ctx,

@@ -30,20 +30,21 @@ def real_tokens(tokenizer_encode, n: int) -> list[int]:
     return ids[:n]
 
 
-def _decode_rates(eng, logits, a) -> list[float]:
-    """Per repeat: truncate back to `ctx`, `warmup` untimed steps, then tokens/s over `gen` timed steps."""
+def decode_rates(eng, logits, ctx: int, gen: int, warmup: int, repeat: int) -> list[float]:
+    """Greedy decode after a `ctx`-token prefill whose last `logits` are given; per repeat: truncate back to
+    `ctx`, `warmup` untimed steps, then tokens/s over `gen` timed steps. `eng`: an Engine or a ParallelEngine."""
     import numpy as np
 
     rates = []
-    for _ in range(a.repeat):
-        eng.truncate(a.ctx)
+    for _ in range(repeat):
+        eng.truncate(ctx)
         tok = int(np.argmax(logits))
-        for _ in range(a.warmup):
+        for _ in range(warmup):
             tok = int(np.argmax(eng.decode(tok)))
         t = time.perf_counter()
-        for _ in range(a.gen):
+        for _ in range(gen):
             tok = int(np.argmax(eng.decode(tok)))
-        rates.append(a.gen / (time.perf_counter() - t))
+        rates.append(gen / (time.perf_counter() - t))
     return rates
 
 
@@ -64,7 +65,7 @@ def run_ellm(a) -> dict:
     t = time.perf_counter()
     logits = eng.prefill(ids)
     prefill_s = time.perf_counter() - t
-    rates = _decode_rates(eng, logits, a)
+    rates = decode_rates(eng, logits, a.ctx, a.gen, a.warmup, a.repeat)
     return {"prefill_s": prefill_s, "decode_tok_s": rates, "target": eng.target, "isa": eng.artifact.target["isa"],
             "numa": eng.placement.summary()}
 
@@ -85,7 +86,7 @@ def run_group(a) -> dict:
         logits = eng.prefill(ids)
         prefill_s = time.perf_counter() - t
         before = eng.traffic()
-        rates = _decode_rates(eng, logits, a)
+        rates = decode_rates(eng, logits, a.ctx, a.gen, a.warmup, a.repeat)
         per = eng.traffic().since(before).per(a.repeat * (a.warmup + a.gen))
     finally:
         eng.close()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,9 +42,18 @@ class WorkerPool:
         return [(i + 1, w._proc.pid) for i, w in enumerate(self.workers)
                 if w._proc is not None and w._proc.poll() is not None]
 
-    def disarm(self) -> None:
-        """After a worker failed: kill every worker process and point the driver's pipe ends at /dev/null, so
-        that shutting the session down writes nowhere instead of throwing in its destructor (which aborts)."""
+    def disarm(self, grace_s: float = 0.0) -> None:
+        """Stop every worker process (after `grace_s` to exit by itself, then killed) and point the driver's pipe
+        ends at /dev/null. Whatever the session still writes then goes nowhere: a shutdown after a failure, or a
+        register freed after shutdown (a DRef's destructor broadcasts to every worker). Written to a pipe whose
+        worker is gone, either throws in a destructor, which aborts the process."""
+        deadline = time.monotonic() + grace_s
+        for w in self.workers:
+            if w._proc is not None:
+                try:
+                    w._proc.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
         for pid in self.pids():
             try:
                 os.kill(pid, signal.SIGKILL)

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import ContextOverflowError, EllmError
 from ..runtime.sampling import Sampler, SamplingConfig
-from ..runtime.state import GenerationStats
+from ..runtime.state import Emitter, GenerationStats
 from . import ccl, worker
 from .build import read_group
 
@@ -142,12 +142,16 @@ class ParallelEngine:
         except ParallelError:
             pass
         finally:
+            self._fns = {}
             if self._broken and "pipe broke" in self._broken:
                 # a session whose broadcast broke half-way cannot shut down (TVM terminates the process in its
                 # destructor): keep it, disarmed, for the life of the process
                 _ABANDONED.append(self._sess)
             else:
                 self._sess.shutdown()
+                # registers still referenced (by callers, or cycles the collector frees later) are freed by
+                # broadcasting to the workers: once these have exited, into /dev/null
+                self._pool.disarm(grace_s=10.0)
             self._sess = None
             st = worker.state(self._name, 0)
             if st is not None and st.comm is not None:
@@ -214,30 +218,21 @@ class ParallelEngine:
         self.truncate(0)
         sampler = Sampler(sampling or SamplingConfig())
         stats = self.stats = GenerationStats(prompt_tokens=len(ids))
-        history = list(ids)
+        emit = Emitter(stats, max_new_tokens, list(ids), self.tokenizer.is_eog if stop_at_eog else None, on_token,
+                       on_logits)
         logits = self.prefill(ids)
         stats.prefill_s = time.perf_counter() - t0
-        out: list[int] = []
         t_dec, before = time.perf_counter(), self.traffic()
         while True:
-            tok = sampler.choose(logits, history)
-            if on_logits:
-                on_logits(tok, logits)
-            out.append(tok)
-            history.append(tok)
-            if on_token and on_token(tok):
-                stats.stop_reason = "stop"
-            elif stop_at_eog and self.tokenizer.is_eog(tok):
-                stats.stop_reason = "eog"
-            elif len(out) >= max_new_tokens:
-                stats.stop_reason = "length"
-            elif self.n_cached >= self.ctx_size:
+            tok = sampler.choose(logits, emit.history)
+            if emit(tok, logits):
+                break
+            if self.n_cached >= self.ctx_size:
                 stats.stop_reason = "context"
-            if stats.stop_reason:
                 break
             logits = self.decode(tok)
             stats.decode_tokens += 1
             stats.decode_steps += 1
         stats.decode_s = time.perf_counter() - t_dec if stats.decode_tokens else 0.0
         self.decode_traffic = self.traffic().since(before)
-        return out
+        return emit.out

@@ -18,7 +18,7 @@ from ..speculative.config import SpeculativeConfig
 from .artifact import Artifact
 from .hugepages import huge_arrays
 from .rope import rope_table
-from .state import GenerationStats, _Cache  # noqa: F401 (GenerationStats: the engine's API)
+from .state import Emitter, GenerationStats, _Cache  # noqa: F401 (GenerationStats: the engine's API)
 from .sampling import Sampler, SamplingConfig
 from .threads import set_threads
 from ..numa.placement import NumaOptions, Placement
@@ -350,22 +350,10 @@ class Engine:
             drafter = self._drafter(speculative, prompt)  # a draft model reads the prompt here too
         stats.prefill_s = time.perf_counter() - t0
 
-        out: list[int] = []
-        history = list(prompt)  # what the penalties count in: the prompt and every token chosen (grown by emit)
-
-        def emit(tok: int, row: np.ndarray) -> bool:
-            """Record a chosen token (from logits `row`); whether generation stops here."""
-            if on_logits:
-                on_logits(tok, row)
-            out.append(tok)
-            history.append(tok)
-            if on_token and on_token(tok):
-                stats.stop_reason = "stop"
-            elif stop_at_eog and self.tokenizer.is_eog(tok):
-                stats.stop_reason = "eog"
-            elif len(out) >= max_new_tokens:
-                stats.stop_reason = "length"
-            return bool(stats.stop_reason)
+        history = list(prompt)
+        emit = Emitter(stats, max_new_tokens, history, self.tokenizer.is_eog if stop_at_eog else None, on_token,
+                       on_logits)
+        out = emit.out
 
         first = sampler.choose(logits, history)
         stats.ttft_s = time.perf_counter() - t0

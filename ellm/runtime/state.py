@@ -1,8 +1,12 @@
-"""What a generate call reports (GenerationStats) and what a KV state holds (_Cache)."""
+"""What a generate call reports (GenerationStats), how it records its tokens (Emitter), and what a KV state
+holds (_Cache)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
 
 
 @dataclass
@@ -42,6 +46,35 @@ class GenerationStats:
     @property
     def decode_tok_s(self) -> float:
         return self.decode_tokens / self.decode_s if self.decode_s > 0 else float("nan")
+
+
+@dataclass
+class Emitter:
+    """Records each token a generate call chooses and says when generation stops: `on_token` asked ("stop"),
+    an end-of-generation token ("eog", unless `is_eog` is None), or `max_new` tokens ("length")."""
+
+    stats: GenerationStats
+    max_new: int
+    history: list[int]  # the prompt and every token chosen: what the sampler's penalties count in
+    is_eog: Callable[[int], bool] | None
+    on_token: Callable[[int], bool | None] | None = None
+    on_logits: Callable[[int, np.ndarray], None] | None = None  # the raw logits each token was chosen from
+    out: list[int] = field(default_factory=list)
+
+    def __call__(self, tok: int, row: np.ndarray) -> bool:
+        """Record `tok`, chosen from logits `row`; whether generation stops here."""
+        if self.on_logits:
+            self.on_logits(tok, row)
+        self.out.append(tok)
+        self.history.append(tok)
+        st = self.stats
+        if self.on_token and self.on_token(tok):
+            st.stop_reason = "stop"
+        elif self.is_eog is not None and self.is_eog(tok):
+            st.stop_reason = "eog"
+        elif len(self.out) >= self.max_new:
+            st.stop_reason = "length"
+        return bool(st.stop_reason)
 
 
 @dataclass
