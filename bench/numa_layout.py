@@ -2,7 +2,11 @@
 alternating: decode speed of the partitioned layout on pseudo-nodes against no placement, and load time and
 resident memory of the weights read in (--no-mmap) against kept mapped (--mmap). Emits JSON.
 
-    python bench/numa_layout.py ARTIFACT [--pseudo-nodes 2] [--rounds 5] [--ctx 512] [--gen 128] [--out FILE]
+    python bench/numa_layout.py ARTIFACT [--planned ARTIFACT2] [--pseudo-nodes 2] [--rounds 5] [--ctx 512]
+                                [--gen 128] [--out FILE]
+
+`--planned`: the partitioned side runs ARTIFACT2, compiled from the same model with `--numa-nodes N
+--numa-threads T`, whose kernels run the plan's task -> thread map (ARTIFACT keeps TVM's static split).
 """
 
 from __future__ import annotations
@@ -43,11 +47,15 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--control", action="store_true",
                    help="A/A: compare no placement with itself (this machine's noise floor for the ratio)")
+    p.add_argument("--planned", metavar="ARTIFACT2",
+                   help="run the partitioned side on this artifact (compiled with --numa-nodes and --numa-threads)")
     p.add_argument("--out")
     a = p.parse_args()
+    artifacts = {"none": a.artifact}
     b = ("none-again", ["--numa", "none"]) if a.control else (
         f"distribute-{a.pseudo_nodes}-pseudo-nodes", ["--numa", "distribute", "--numa-pseudo-nodes", str(a.pseudo_nodes)])
     variants = {"none": ["--numa", "none"], b[0]: b[1]}
+    artifacts[b[0]] = a.planned or a.artifact
     rates: dict[str, list[float]] = {k: [] for k in variants}
     ratios = []
     placement = {}
@@ -55,7 +63,7 @@ def main() -> int:
         order = list(variants) if r % 2 == 0 else list(reversed(variants))
         got = {}
         for k in order:
-            out = worker(a.artifact, a, *variants[k])
+            out = worker(artifacts[k], a, *variants[k])
             got[k] = statistics.median(out["decode_tok_s"])
             placement[k] = out["numa"]
             rates[k].append(got[k])
@@ -73,7 +81,7 @@ def main() -> int:
         "load": {k: {"load_s_median": statistics.median(x["load_s"] for x in v),
                      "max_rss_mib_median": statistics.median(x["max_rss_mib"] for x in v), "runs": v}
                  for k, v in loads.items() if v},
-        "ctx": a.ctx, "gen": a.gen, "threads": a.threads, "rounds": a.rounds,
+        "artifacts": artifacts, "ctx": a.ctx, "gen": a.gen, "threads": a.threads, "rounds": a.rounds,
     }
     return emit_report(report, a.out)
 

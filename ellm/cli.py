@@ -32,6 +32,10 @@ def _positive_int(s: str) -> int:
     return v
 
 
+def _thread_counts(s: str) -> tuple[int, ...]:
+    return tuple(_positive_int(p) for p in s.split(","))
+
+
 def _nonneg_int(s: str) -> int:
     v = int(s)
     if v < 0:
@@ -80,6 +84,7 @@ def compile_options(a: argparse.Namespace, target: str | None = None):
         calibration=a.calibration,
         draft_layers=getattr(a, "draft_layers", None),
         numa_nodes=getattr(a, "numa_nodes", None),
+        numa_threads=getattr(a, "numa_threads", None),
     )
 
 
@@ -105,6 +110,10 @@ def add_compile_option_args(c: argparse.ArgumentParser) -> None:
     c.add_argument("--numa-nodes", type=_positive_int, default=None, metavar="N",
                    help="plan the NUMA layout (weight rows and KV heads per node) for N nodes and record it in the "
                         "manifest; load uses it where N nodes are in use (default: planned at load)")
+    c.add_argument("--numa-threads", type=_thread_counts, default=None, metavar="T[,T...]",
+                   help="with --numa-nodes: threads per node the kernels split their work for, one count or one per "
+                        "node; the kernels then run the plan's task -> thread map (default: this machine's physical "
+                        "cores shared evenly)")
     c.add_argument("--draft-layers", type=_positive_int, default=None, metavar="L",
                    help="build a self-draft for speculative decoding (ellm run --draft model --draft-model DIR): the "
                         "model's first L layers and its head, at --quant-level 2 unless a recipe is given")

@@ -70,6 +70,9 @@ class CompileOptions(TargetOptions):
             raise EllmError("--target needs at least one preset name or auto")
         if self.numa_nodes is not None and not 1 <= self.numa_nodes <= 64:
             raise EllmError(f"--numa-nodes must be between 1 and 64, got {self.numa_nodes}")
+        if self.numa_threads is not None and (self.numa_nodes is None or len(self.numa_threads) not in (1, self.numa_nodes)
+                                              or min(self.numa_threads) < 1):
+            raise EllmError("--numa-threads takes --numa-nodes N and one thread count >= 1, or N of them (one per node)")
         measured = self.precision == "auto" or (self.precision is None and self.quant_level is None)
         if self.tensor_parallel is not None and (measured or self.draft_layers is not None
                                                  or self.numa_nodes is not None):

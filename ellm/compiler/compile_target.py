@@ -9,6 +9,7 @@ from typing import Any, Callable
 from ..config import ModelConfig
 from ..errors import EllmError
 from ..kv.plan import KVPlan, parse_kv_type
+from ..numa.topology import allowed_cpus, read_topology
 from ..parallel.shard import TensorParallel
 from ..precision import Budget, PrecisionPlan, quant_level_plan, weight_infos
 from ..targets import TargetPreset
@@ -52,6 +53,9 @@ class TargetOptions:
     draft_layers: int | None = None
     # plan the NUMA layout for this many nodes and record it in the manifest (None: planned at load)
     numa_nodes: int | None = None
+    # threads per node the kernels split their work for: one count for every node, or one per node (None: this
+    # machine's physical cores shared evenly, at least one)
+    numa_threads: tuple[int, ...] | None = None
     # compile one rank's slice of the model (parallel/shard.py; `ellm compile --tp N` compiles every rank)
     tensor_parallel: TensorParallel | None = None
 
@@ -129,7 +133,19 @@ def pass_context(options: TargetOptions, preset: TargetPreset, plan: PrecisionPl
     kv = KVOptions(parse_kv_type(options.cache_type_k), parse_kv_type(options.cache_type_v), options.kv_block,
                    options.kv_recent, step_tokens(options), *kv_store_fields(options.kv_store))
     return PassContext(preset, activations, chunks, kv, plan, attention_bits, options.numa_nodes,
-                       options.tensor_parallel)
+                       numa_threads(options), options.tensor_parallel)
+
+
+def numa_threads(options: TargetOptions) -> tuple[int, ...] | None:
+    """Threads per node for --numa-nodes N: as stated, or this machine's physical cores shared evenly."""
+    n = options.numa_nodes
+    if n is None:
+        return None
+    if options.numa_threads is not None:
+        t = options.numa_threads
+        return tuple(t) * n if len(t) == 1 else tuple(t)
+    cores = len(read_topology().physical_cores(allowed_cpus(), None))
+    return (max(1, cores // n),) * n
 
 
 def build_graph(gf: GGUFFile, cfg: ModelConfig, options: TargetOptions, preset: TargetPreset,
@@ -176,7 +192,8 @@ class TargetBuild:
                 "ops_imported": dict(self.graph0.op_counts()),
                 "ops": dict(self.graph.op_counts()),
             },
-            "kernels": [{"name": k.name, "rule": k.rule, "knobs": k.knobs, "request": k.request} for k in self.lowered.kernels],
+            "kernels": [{"name": k.name, "rule": k.rule, "knobs": k.knobs, "request": k.request}
+                        | ({"numa_tasks": k.numa_tasks} if k.numa_tasks else {}) for k in self.lowered.kernels],
             "params": param_indices,
         }
 

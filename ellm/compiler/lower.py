@@ -11,6 +11,7 @@ from tvm import relax, tirx
 from ..quant import FORMATS
 from ..quant.tiled import TILED_COMPONENTS
 from ..schedules import KernelRequest, select_rule
+from ..schedules.node_tasks import ATTR as NUMA_TASKS
 from ..kv.plan import KVPlan
 from ..targets import TargetPreset
 from .graph import Graph, Op, OpKind, TensorType, WeightRef
@@ -66,6 +67,9 @@ class KernelInfo:
     knobs: dict[str, int]
     request: dict[str, Any]
     req: KernelRequest  # the request itself (not serialised)
+    # with a NUMA plan's tasks (`numa_tasks`): "planned" where the rule runs them, "static" where it keeps
+    # TVM's static split; None without
+    numa_tasks: str | None = None
 
 
 @dataclass
@@ -138,7 +142,8 @@ class _Lowering:
             func = rule.build_kernel(req, self.target, knobs, prefetch=self.prefetch)
             func = func.with_attr("global_symbol", name)
             gv = self.bb.add_func(func, name)
-            self.kernels[key] = (gv, KernelInfo(name, rule.name, knobs, req.describe(), req))
+            tasks = None if req.attr(NUMA_TASKS) is None else ("planned" if rule.follows_numa_tasks else "static")
+            self.kernels[key] = (gv, KernelInfo(name, rule.name, knobs, req.describe(), req, tasks))
         return self.kernels[key][0]
 
     def request(self, op: Op, m: int | None, steps: bool = False, **extra_attrs) -> KernelRequest:

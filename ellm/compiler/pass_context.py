@@ -67,6 +67,8 @@ class PassContext:
     attention_bits: int | None = None
     # NUMA nodes to plan the layout for at compile (None: planned at load for the machine present)
     numa_nodes: int | None = None
+    # threads per node the kernels' tasks are planned for (numa_nodes entries; schedules/node_tasks.py)
+    numa_threads: tuple[int, ...] | None = None
     # the slice of the model this artifact holds, as one rank of a tensor-parallel group (None: all of it)
     tensor_parallel: TensorParallel | None = None
 
@@ -82,6 +84,9 @@ class PassContext:
             raise ValueError(f"attention_bits must be 8 or 16, got {self.attention_bits}")
         if self.numa_nodes is not None and not 1 <= self.numa_nodes <= 64:
             raise ValueError(f"numa_nodes must be between 1 and 64, got {self.numa_nodes}")
+        if (self.numa_threads is not None) != (self.numa_nodes is not None) or (
+                self.numa_threads is not None and (len(self.numa_threads) != self.numa_nodes or min(self.numa_threads) < 1)):
+            raise ValueError(f"numa_threads needs one count >= 1 per node: {self.numa_threads} for {self.numa_nodes} nodes")
 
     @property
     def integer(self) -> bool:

@@ -66,11 +66,15 @@ class Placement:
     weights: str = "copy"  # copy: private, on huge pages (placed where a plan is); mmap: the file's page cache
     memory_nodes: dict[int, int] = field(default_factory=dict)  # plan node -> memory node bound (pseudo-nodes)
     plan_origin: str | None = None  # "artifact": compiled for this node count (--numa-nodes); "load": planned here
+    # whether the kernels run the plan's task -> thread map (kernel_tasks): "planned" (all that read a node's
+    # rows), "partial" (some keep TVM's static split), "static" (none, or compiled for other threads per node)
+    kernel_tasks: str = "static"
 
     @classmethod
     def make(cls, options: NumaOptions, threads: int | None, manifest: dict, records: list[dict],
              topology: Topology | None = None, allowed: set[int] | None = None,
-             start_cpu: int | None = None) -> Placement:
+             start_cpu: int | None = None, kernels: list[dict] = (), log: Callable[[str], None] | None = None) -> Placement:
+        """`kernels`: the manifest's kernel records of the target that runs (which follow a compiled plan)."""
         topology = topology or read_topology()
         memory_nodes = {n.id: n.id for n in topology.nodes}
         if options.pseudo_nodes > 1:
@@ -83,7 +87,7 @@ class Placement:
             home = {topology.node_of_cpu(start_cpu)} if mode == "isolate" else None
             threads = len(topology.physical_cores(allowed, home)) or 1
         tmap = thread_map(mode, int(threads), topology, allowed, start_cpu)
-        plan, origin = None, None
+        plan, origin, tasks, notes = None, None, "static", []
         if tmap is not None:
             nodes = list(tmap.node_ids())
             weights = weights_of_params(records, manifest["config"])
@@ -92,10 +96,15 @@ class Placement:
             if compiled is not None and len(compiled["nodes"]) == len(nodes):
                 # the artifact's layout for this many nodes: its k-th node is the k-th node in use here
                 plan, origin = replace(NumaPlan.from_dict(compiled, weights, cpus), nodes=tuple(nodes)), "artifact"
+                tasks, notes = kernel_tasks(compiled, kernels, cpus)
             else:
                 plan = plan_layout(weights, manifest["config"]["n_kv_heads"], topology, nodes=nodes, allowed=allowed)
                 plan, origin = replace(plan, cpus=cpus), "load"
-        return cls(options, mode, int(threads), tmap, plan, memory_nodes=memory_nodes, plan_origin=origin)
+        placement = cls(options, mode, int(threads), tmap, plan, memory_nodes=memory_nodes, plan_origin=origin,
+                        kernel_tasks=tasks)
+        for msg in notes:
+            placement._warn(msg, log or (lambda s: None))
+        return placement
 
     @property
     def cpus(self) -> tuple[int, ...] | None:
@@ -271,7 +280,22 @@ class Placement:
         return {"mode": self.mode, "pseudo_nodes": self.options.pseudo_nodes, "mlock": self.options.mlock, "weights": self.weights, "n_threads": self.n_threads,
                 "threads": self.threads.to_dict() if self.threads else None,
                 "plan": self.plan.to_dict() if self.plan else None, "plan_origin": self.plan_origin,
+                "kernel_tasks": self.kernel_tasks,
                 "bound_bytes": self.bound_bytes, "locked_bytes": self.locked_bytes, "warnings": list(self.warnings)}
+
+
+def kernel_tasks(compiled: dict, kernels: list[dict], cpus: tuple[tuple[int, ...], ...]) -> tuple[str, list[str]]:
+    """Whether the kernels of a plan compiled into the artifact run its tasks on these threads ([node] -> CPUs):
+    ("planned" | "partial" | "static", warnings). A kernel's tasks are fixed at compile, one per thread."""
+    marks = [k["numa_tasks"] for k in kernels if "numa_tasks" in k]
+    if "planned" not in marks:
+        return "static", []
+    want = [len(c) for c in compiled["cpus"]]
+    have = [len(c) for c in cpus]
+    if want != have:
+        return "static", [f"the artifact's kernels split their work for {want} threads per NUMA node, this process "
+                          f"runs {have}: threads read other nodes' rows (ellm compile --numa-threads)"]
+    return ("planned" if "static" not in marks else "partial"), []
 
 
 def _span(addr: int, nbytes: int) -> np.ndarray:

@@ -54,7 +54,8 @@ class Engine:
         if threads is not None and int(threads) < 1:
             raise EllmError(f"threads must be at least 1, got {threads}")
         log = log or (lambda s: print(s, file=sys.stderr))
-        self.placement = Placement.make(numa or NumaOptions(), threads, artifact.manifest, artifact.param_records())
+        self.placement = Placement.make(numa or NumaOptions(), threads, artifact.manifest, artifact.param_records(),
+                                        kernels=artifact.target["kernels"], log=log)
         self.threads = self.placement.n_threads  # physical cores, not SMT siblings (numa/threadmap.py)
         self._cpus = self.placement.cpus  # [task] -> CPU, or None: TVM's own pinning
         self.ctx_size = int(ctx_size or cfg.ctx_train)

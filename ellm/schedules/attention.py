@@ -29,6 +29,7 @@ from ..targets import TargetPreset
 from .attention_block import Query, State, attend, finish
 from .intdot import Dot, dot_for
 from .kv_blocks import KVBuffers, L, bc, ramp
+from .node_tasks import NodeTasks
 from .read_list import ReadShape, list_item, n_items, opaque, select_blocks, widen
 from .rule import KernelRequest, Knob, Rule
 from .vecmath import exp_f32
@@ -68,20 +69,23 @@ def build_attention(req: KernelRequest, chunk: int, dot: Dot | None = None, int_
             out = I.arg("out", I.buffer((n, H * hd), "float32"))
             ctx = (q, kv, attn, pos, layer, kslot, vslot, out, Hkv, G, hd, scale)
             if chunk and step_rows(req):
-                _decode(*ctx, max(1, chunk // plan.block), prefetch, prefetch_locality, chunk_major, n)
+                _decode(*ctx, max(1, chunk // plan.block), prefetch, prefetch_locality, chunk_major, n, NodeTasks.of(req))
             else:
-                _prefill(*ctx, n)
+                _prefill(*ctx, n, NodeTasks.of(req))
     return ib.get()
 
 
-def _prefill(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: int, scale: float, n) -> None:
+def _prefill(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: int, scale: float, n,
+             nodes: NodeTasks | None = None) -> None:
     """Tasks = (query row, KV head), rows in zig-zag order (0, last, 1, last-1, ...) so each thread's
     contiguous share of tasks mixes short and long causal rows. Each row selects its own blocks exactly
-    as a decode step at its position would."""
+    as a decode step at its position would. `nodes`: a NUMA plan's KV heads per node, whose threads share
+    out the tasks of those heads."""
     NBp = kv.nb + L
     bounds = I.alloc_buffer((n * Hkv * NBp,), "float32")
     sel = I.alloc_buffer((n * Hkv * kv.nb,), "int32")
-    with I.parallel(0, n * Hkv) as task:
+
+    def row_task(task):
         r = task // Hkv
         kvh = task % Hkv
         t = I.Bind(tirx.Select(r % 2 == 0, r // 2, n - 1 - r // 2))
@@ -106,16 +110,45 @@ def _prefill(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: i
                 widen(kv, qy, layer, kslot, vslot, kvh, sh, bounds, task * NBp, thr, last, states, sel, sbase, cnt)
         finish(out, t, kvh, G, hd, states)
 
+    if nodes is None:
+        with I.parallel(0, n * Hkv) as task:
+            row_task(task)
+    else:  # a node's KV heads, each with its rows in zig-zag order, shared out among its threads
+        def planned(task, ranges):
+            (lo, hi), = ranges
+            with I.serial(lo, hi) as u:
+                row_task(u % n * Hkv + u // n)
+
+        nodes.loop(planned, "int64", scale=n)
+
+
+def _per_row(nodes: NodeTasks | None, n, Hkv: int, body) -> None:
+    """body(row) for rows (t, KV head) = t * Hkv + kvh in parallel: TVM's static split, or with a NUMA plan
+    each node's threads the rows of its KV heads (head-major, shared out among them)."""
+    if nodes is None:
+        with I.parallel(0, n * Hkv) as row:
+            body(row)
+        return
+
+    def planned(task, ranges):
+        (lo, hi), = ranges
+        with I.serial(lo, hi) as u:
+            body(u % n * Hkv + u // n)
+
+    nodes.loop(planned, "int32" if isinstance(n, int) else "int64", scale=None if isinstance(n, int) and n == 1 else n)
+
 
 def _decode(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: int, scale: float, bpc: int,
-            prefetch: int, locality: int = 2, chunk_major: bool = False, n=1) -> None:
+            prefetch: int, locality: int = 2, chunk_major: bool = False, n=1, nodes: NodeTasks | None = None) -> None:
     """Query rows as one-token steps: row t (at position pos + t) is computed exactly as a decode step at
     that position would compute it, the same work in the same order, so a verification step's rows equal
     the decode steps they stand for bit for bit (one row: a decode step).
     Phase 1 (sparse only, one task per row and KV head): bounds, top-K and the block list.
     Phase 2: tasks = (row, KV head, run of bpc blocks of the row's list) write partial (max, sum, acc) (split-K).
     Phase 3, per row and KV head: merge the partials of its G query heads in run order, widen if needed,
-    normalise."""
+    normalise.
+    `nodes`: a NUMA plan's KV heads per node, whose threads run only the tasks of those heads
+    (schedules/node_tasks.py)."""
     NBp = kv.nb + L
     zero = tirx.IntImm("int64", 0)
     bounds = I.alloc_buffer((n * Hkv * NBp,), "float32")
@@ -132,7 +165,7 @@ def _decode(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: in
         listed = n_items(sh, tirx.Select(sh.dense == 1, zero, sh.topk))
         return (listed + bpc - 1) // bpc
 
-    with I.parallel(0, n * Hkv) as task:
+    def choose_blocks(task):
         t, kvh = task // Hkv, task % Hkv
         sh = shape(t)
         with I.If(sh.dense == 0):
@@ -143,6 +176,8 @@ def _decode(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: in
                 I.buffer_store(thrs, thr[0], [task])
                 I.buffer_store(lasts, tirx.Select(count[0] > 0, sel[task * kv.nb + tirx.max(count[0] - 1, 0)], -1), [task])
                 I.buffer_store(n_list, count[0], [task])
+
+    _per_row(nodes, n, Hkv, choose_blocks)
     if isinstance(n, int) and n == 1:
         n_runs = I.Bind(runs(shape(0)))
     else:  # the most runs of any row; a row's tasks past its own runs are empty
@@ -156,7 +191,8 @@ def _decode(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: in
     max_runs = (kv.nb + bpc - 1) // bpc
     part_st = I.alloc_buffer((n * Hkv * max_runs * G * 2,), "float32")
     part_acc = I.alloc_buffer((n * Hkv * max_runs * G * hd,), "float32")
-    with I.parallel(0, n * Hkv * n_runs) as job:
+
+    def split_k(job):
         # rows innermost: the tasks of one run of several rows read (mostly) the same blocks one after another
         t, rest = job % n, job // n
         kvh = rest % Hkv if chunk_major else rest // n_runs
@@ -183,7 +219,19 @@ def _decode(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: in
             I.buffer_store(part_st, st.l[0], [(task * G + g) * 2 + 1])
             for cc in range(hd // L):
                 I.buffer_store(part_acc, st.acc[ramp(cc * L)], [ramp((task * G + g) * hd + cc * L)])
-    with I.parallel(0, n * Hkv) as row:
+
+    if nodes is None:
+        with I.parallel(0, n * Hkv * n_runs) as job:
+            split_k(job)
+    else:  # a node's jobs (head-major: its KV heads' runs of all rows), shared by its threads
+        def planned(task, ranges):
+            (lo, hi), = ranges
+            with I.serial(lo, hi) as job:
+                split_k(job)
+
+        nodes.loop(planned, "int64", scale=n_runs * n)
+
+    def merge(row):
         t, kvh = row // Hkv, row % Hkv
         sh = shape(t)
         own = I.Bind(runs(sh))
@@ -205,6 +253,8 @@ def _decode(q, kv, attn, pos, layer, kslot, vslot, out, Hkv: int, G: int, hd: in
                 widen(kv, qy, layer, kslot, vslot, kvh, sh, bounds, row * NBp, thr, lasts[row], states, sel, row * kv.nb,
                       tirx.Cast("int64", n_list[row]), prefetch > 0, locality)
         finish(out, t, kvh, G, hd, states)
+
+    _per_row(nodes, n, Hkv, merge)
 
 
 def _applies(req: KernelRequest) -> bool:
@@ -240,6 +290,7 @@ class AttentionDecodeRule(_AttentionRule):
     then a merge per row in chunk order."""
 
     name = "attention_decode"
+    follows_numa_tasks = True
     knobs = (
         Knob("chunk_blocks", 4, (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64), "KV blocks per split-K task"),
         Knob("chunk_major", 0, (0, 1), "split-K tasks in order of KV head (0) or of chunk (1)"),
@@ -257,7 +308,8 @@ class AttentionDecodeRule(_AttentionRule):
         out = dict(knobs)
         if out.get("prefetch") == 0:  # nothing prefetched: the kind is moot
             out["prefetch_locality"] = 2
-        if Hkv_of(req) == 1:  # one KV head: both orders are the same
+        # one KV head: both orders are the same; a NUMA plan's tasks run their node's heads head-major
+        if Hkv_of(req) == 1 or NodeTasks.of(req) is not None:
             out["chunk_major"] = 0
         return out
 
@@ -280,6 +332,7 @@ class AttentionPrefillRule(_AttentionRule):
 
     name = "attention"
     knobs = (INT_BITS,)
+    follows_numa_tasks = True
 
     def applies(self, req: KernelRequest, target: TargetPreset) -> bool:
         return not step_rows(req) and _applies(req)

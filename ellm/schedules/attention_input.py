@@ -26,6 +26,7 @@ from .int_acts import ramp as _ramp
 from .int_kernel import (PREFETCH_LOCALITY, QUANTIZED, Rows, default_locality, for_token_tiles, micro_kernel, tile_rows,
                          without_moot_locality)
 from .intdot import Dot, dot_for
+from .node_tasks import NodeTasks
 
 HALF = L // 2  # rows of a half tile: one ymm register of float32 sums
 SWAP = [i ^ 1 for i in range(L)]  # lane 2i <-> 2i + 1
@@ -89,7 +90,7 @@ def build_attention_input(req: KernelRequest, dot: Dot, tokens_per_tile: int, pr
             with (I.serial if req.m == 1 else I.parallel)(0, n_tok) as t:
                 quantize_row(x, t, gain, float(req.attr("norm_eps")), K, acts, t)
 
-            with I.parallel(0, H + 2 * Hkv) as head:
+            def per_head(head):  # one head's rows: q heads, then k, then v
                 tiles = [head * nv + j for j in range(nv)]
 
                 def project(t0, tt):
@@ -143,11 +144,24 @@ def build_attention_input(req: KernelRequest, dot: Dot, tokens_per_tile: int, pr
                                     kv.store_k_block(layer, kslot, head - H, first + i)
                                 with I.Else():
                                     kv.store_v_block(layer, vslot, head - H - Hkv, first + i)
+
+            nodes = NodeTasks.of(req)
+            if nodes is None:
+                with I.parallel(0, H + 2 * Hkv) as head:
+                    per_head(head)
+            else:  # the NUMA plan's tasks: a node's q, k and v heads (its KV heads' groups), shared by its threads
+                def planned(task, ranges):
+                    for lo, hi in ranges:
+                        with I.serial(lo, hi) as head:
+                            per_head(head)
+
+                nodes.scaled(nv).loop(planned, "int32")
     return ib.get()
 
 
 class AttentionInputRule(Rule):
     name = "attention_input"
+    follows_numa_tasks = True
     knobs = (Knob("prefetch_bytes", 4096, (0, 2048, 4096, 8192), "software prefetch distance in the weight stream"),
              PREFETCH_LOCALITY,
              Knob("tokens_per_tile", 2, (1, 2, 4), "tokens sharing each unpacked weight vector (chunks)"),

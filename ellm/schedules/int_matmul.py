@@ -21,6 +21,7 @@ from .int_acts import L, Acts, quantize_row
 from .int_kernel import (PREFETCH_LOCALITY, QUANTIZED, Rows, default_locality, for_token_tiles, group_size, micro_kernel,
                          store_epilogue, without_moot_locality)
 from .intdot import Dot, dot_for
+from .node_tasks import NodeTasks
 from .rule import KernelRequest, Knob, Rule
 from .space import Constraint, divides
 
@@ -64,8 +65,8 @@ def build_int_matmul(req: KernelRequest, dot: Dot, tokens_per_tile: int, tiles_p
 
             # --- phase 2: row tiles in parallel, all tokens of a task reuse its weights from L1 ------
             store = store_epilogue(out, res, bias)
-            with I.parallel(0, NT // tpt) as task:
-                tiles = [task + j * (NT // tpt) if strided else task * tpt + j for j in range(tpt)]
+
+            def run(tiles):
                 # half tiles (lanes = 8) run one after the other: each pass holds half the accumulators
                 for first in range(0, L, lanes):
                     slots = [Rows(t, first, lanes) for t in tiles]
@@ -75,7 +76,25 @@ def build_int_matmul(req: KernelRequest, dot: Dot, tokens_per_tile: int, tiles_p
                                                                  prefetch_bytes, prefetch_locality,
                                                                  group_unroll=group_unroll),
                     )
+
+            nodes = NodeTasks.of(req)
+            if nodes is None:
+                with I.parallel(0, NT // tpt) as task:
+                    run([task + j * (NT // tpt) if strided else task * tpt + j for j in range(tpt)])
+            else:  # the NUMA plan's tasks: each thread its share of its node's tiles, `tpt` adjacent at a time
+                nodes.loop(lambda task, ranges: _planned_tiles(ranges, tpt, run), "int32")
     return ib.get()
+
+
+def _planned_tiles(ranges, tpt: int, run) -> None:
+    """run(tiles) over the tiles of `ranges` ([(lo, hi)] PrimExprs): groups of `tpt`, then single tiles."""
+    for lo, hi in ranges:
+        groups = (hi - lo) // tpt
+        with I.serial(0, groups) as g:
+            run([lo + g * tpt + j for j in range(tpt)])
+        if tpt > 1:
+            with I.serial(lo + groups * tpt, hi) as tile:
+                run([tile])
 
 
 def int_matmul_applies(req: KernelRequest) -> bool:
@@ -131,6 +150,8 @@ GROUP_UNROLL = Knob("group_unroll", 1, (1, 2, 3, 4), "groups of inputs per itera
 class _TiledRule(_IntRule):
     """What the one-token and the chunk rules share: the tiling constraints, the prefetch kind's default."""
 
+    follows_numa_tasks = True
+
     def default_knobs(self, req: KernelRequest, target: TargetPreset) -> dict[str, int]:
         knobs = super().default_knobs(req, target)
         knobs["prefetch_locality"] = default_locality(target)
@@ -139,7 +160,8 @@ class _TiledRule(_IntRule):
     def canonical(self, req: KernelRequest, target: TargetPreset, knobs: Mapping[str, int]) -> dict[str, int]:
         out = without_moot_locality(knobs, target)
         # one tile per task, or one task for all tiles: adjacent and spread are the same
-        if out.get("tiles_per_task") in (1, req.weight_shape[0] // L):
+        # the NUMA plan's tasks take their node's tiles adjacent (schedules/node_tasks.py)
+        if out.get("tiles_per_task") in (1, req.weight_shape[0] // L) or NodeTasks.of(req) is not None:
             out["strided_tiles"] = 0
         return out
 

@@ -67,6 +67,9 @@ class Rule(ABC):
 
     name: str  # a class attribute, or set per instance by rules built for one of several ISA classes
     knobs: ClassVar[tuple[Knob, ...]] = ()
+    # whether `build` runs a request's `numa_tasks` (a NUMA plan's task -> thread map, schedules/node_tasks.py)
+    # rather than TVM's static split of its parallel loops
+    follows_numa_tasks: ClassVar[bool] = False
 
     @abstractmethod
     def applies(self, req: KernelRequest, target: TargetPreset) -> bool: ...
