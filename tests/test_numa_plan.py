@@ -59,18 +59,37 @@ def test_plans_balance_bytes_and_read_only_their_own_rows(tmp_path, model, cores
 
 @pytest.mark.parametrize("model", SHAPES)
 @pytest.mark.parametrize("n_nodes", [1, 2, 4, 8])
-def test_kv_heads_and_their_qkv_rows_stay_together(tmp_path, model, n_nodes):
+def test_kv_heads_keep_their_kv_rows_and_query_heads_even_out_the_kernel(tmp_path, model, n_nodes):
     topo = read_topology(make_sysfs(tmp_path, [2] * n_nodes))
     layers, d, nh, nkv, hd, ff, vocab = SHAPES[model]
     plan = plan_layout(_weights(SHAPES[model]), nkv, topo)
     assert [b - a for a, b in plan.kv_heads] == [b - a for a, b in split_heads(nkv, n_nodes)]
     assert sum(b - a for a, b in plan.kv_heads) == nkv
     qkv = plan.matrix("blk.0.attn_q+attn_k+attn_v")
-    per, group = hd // TILE_ROWS, nh // nkv
+    per = hd // TILE_ROWS
+    q_units, heads, q_heads = [], [], []
     for k, (a, b) in enumerate(plan.kv_heads):
-        want = [(a * group * per, b * group * per), (nh * per + a * per, nh * per + b * per),
-                ((nh + nkv) * per + a * per, (nh + nkv) * per + b * per)]
-        assert list(qkv.ranges[k]) == [r for r in want if r[1] > r[0]]
+        ranges = list(qkv.ranges[k])
+        kv = [(nh * per + a * per, nh * per + b * per), ((nh + nkv) * per + a * per, (nh + nkv) * per + b * per)]
+        kv = [r for r in kv if r[1] > r[0]]
+        assert ranges[len(ranges) - len(kv):] == kv  # the keys and values of its own KV heads
+        q = [r for r in ranges[: len(ranges) - len(kv)]]
+        assert all(hi <= nh * per for _, hi in q)
+        q_units += [u for lo, hi in q for u in range(lo, hi)]
+        q_heads.append(sum(hi - lo for lo, hi in q) // per)
+        heads.append(sum(hi - lo for lo, hi in ranges) // per)
+    assert sorted(q_units) == list(range(nh * per))  # every query head once
+    # as even as whole heads allow: only nodes with no query heads (their K and V alone) may stand above
+    assert all(q_heads[k] == 0 for k, h in enumerate(heads) if h > min(heads) + 1), (heads, q_heads)
+    if nkv % n_nodes == 0:
+        assert max(heads) - min(heads) <= 1
+
+
+def test_every_other_matrix_is_split_evenly_per_kernel(tmp_path):
+    plan = plan_layout(_weights(SHAPES["smollm2"]), 3, read_topology(make_sysfs(tmp_path, [1, 1])))
+    for m in plan.matrices:
+        if "attn_q" not in m.name:
+            assert abs(m.units(0) - m.units(1)) <= 1, m
 
 
 def test_split_heads():

@@ -1,12 +1,14 @@
 """A NUMA layout plan: which rows of every matmul weight, and which KV heads, live on which node, and which
 of a node's threads computes which rows, so that every thread reads only its own node's memory.
 
-- The K and V heads are split into contiguous per-node ranges (per-head slices of the cache). The fused
-  Q/K/V weight follows them: a node computes the query heads of its KV heads' groups and its K and V rows,
-  so the keys and values it appends are written to its own memory.
-- Every other matmul's rows are split into tile-aligned (16-row) contiguous ranges, sized so that each node's
-  running total of weight bytes stays as even as the tiles allow (the Q/K/V split, fixed by the heads, is
-  evened out by the others).
+- The K and V heads are split into contiguous per-node ranges (per-head slices of the cache). In the fused
+  Q/K/V weight a node computes the K and V rows of its heads, so the keys and values it appends are written
+  to its own memory, and query heads (an activation, read by whichever node's attention needs it) even out
+  the kernel: a node with more KV heads takes fewer query heads.
+- Every other matmul's rows are split evenly into tile-aligned (16-row) contiguous ranges, the odd tiles going
+  to the nodes with the fewest bytes so far. Each kernel is balanced on its own: the nodes' threads meet at
+  the end of every kernel, so a kernel's time is its busiest node's, and moving rows into one kernel to make
+  up for another would only lengthen it.
 - Within a node, thread j of t takes units [floor(n j / t), floor(n (j + 1) / t)) of each of the node's
   ranges: a fixed task -> thread map (`tasks`).
 - Vectors (norms), the embedding table (one row read per token) and activations are replicated or
@@ -115,33 +117,42 @@ def split_heads(n: int, parts: int) -> list[tuple[int, int]]:
 
 
 def _qkv_ranges(w: WeightRows, kv: list[tuple[int, int]]) -> list[tuple[tuple[int, int], ...]]:
-    """The fused Q/K/V weight's rows by KV head: a node's query heads (its KV heads' groups), keys, values."""
+    """The fused Q/K/V weight's rows per node: its query heads, then the keys and values of its KV heads. The
+    query heads make each node's heads (q, k and v) as even as whole heads allow."""
     n_heads, n_kv, head_dim = w.heads
-    if head_dim % TILE_ROWS or n_heads % n_kv:
-        raise EllmError(f"{w.name}: heads of {head_dim} rows or groups of {n_heads}/{n_kv} do not split by tiles")
+    if head_dim % TILE_ROWS:
+        raise EllmError(f"{w.name}: heads of {head_dim} rows do not split into {TILE_ROWS}-row tiles")
     per = head_dim // TILE_ROWS  # tile units per head
-    group = n_heads // n_kv
     q_units, k_units = n_heads * per, n_kv * per
     if q_units + 2 * k_units != w.units:
         raise EllmError(f"{w.name}: {w.units} tiles is not Q + K + V of {n_heads} + 2 x {n_kv} heads")
-    out = []
-    for a, b in kv:
-        rs = [(a * group * per, b * group * per), (q_units + a * per, q_units + b * per),
+    mean = (n_heads + 2 * n_kv) / len(kv)
+    q = _shares(n_heads, [max(0.0, mean - 2 * (b - a)) for a, b in kv])
+    out, at = [], 0
+    for (a, b), n in zip(kv, q):
+        rs = [(at * per, (at + n) * per), (q_units + a * per, q_units + b * per),
               (q_units + k_units + a * per, q_units + k_units + b * per)]
         out.append(tuple(r for r in rs if r[1] > r[0]))
+        at += n
     return out
 
 
-def _even_split(units: int, need: list[float], unit_bytes: float) -> list[int]:
-    """Units per node summing to `units`, each node taking as close as it can to what it `need`s (bytes
-    behind the mean), the largest remainders rounding up."""
-    want = [max(0.0, x) / unit_bytes for x in need]
-    total = sum(want)
-    share = [units / len(need)] * len(need) if total <= 0 else [w * units / total for w in want]
-    if total > 0 and total < units:  # the deficits fill only part: spread the rest evenly
-        share = [w + (units - total) / len(need) for w in want]
-    counts = [int(s) for s in share]
-    for k in sorted(range(len(need)), key=lambda k: (counts[k] - share[k], k))[: units - sum(counts)]:
+def _shares(total: int, weights: list[float]) -> list[int]:
+    """`total` whole units in proportion to `weights` (evenly where they are all 0), largest remainders up."""
+    s = sum(weights)
+    exact = [total * x / s for x in weights] if s > 0 else [total / len(weights)] * len(weights)
+    counts = [int(x) for x in exact]
+    for k in sorted(range(len(weights)), key=lambda k: (counts[k] - exact[k], k))[: total - sum(counts)]:
+        counts[k] += 1
+    return counts
+
+
+def _even_split(units: int, totals: list[float]) -> list[int]:
+    """Units per node summing to `units`: an equal share each, the odd units to the nodes with the fewest
+    bytes so far (`totals`)."""
+    base, extra = divmod(units, len(totals))
+    counts = [base] * len(totals)
+    for k in sorted(range(len(totals)), key=lambda k: (totals[k], k))[:extra]:
         counts[k] += 1
     return counts
 
@@ -163,8 +174,7 @@ def plan_layout(weights: list[WeightRows], n_kv_heads: int, topology: Topology, 
         if w.heads is not None:
             ranges = _qkv_ranges(w, kv)
         else:
-            mean = (sum(totals) + w.nbytes) / len(use)
-            counts = _even_split(w.units, [mean - t for t in totals], w.unit_bytes)
+            counts = _even_split(w.units, totals)
             ranges, at = [], 0
             for c in counts:
                 ranges.append(((at, at + c),) if c else ())
