@@ -4,6 +4,8 @@ the results equal those of TVM's own split bit for bit."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from tvm import tirx
@@ -18,6 +20,7 @@ from ellm.schedules.node_tasks import ATTR, NodeTasks
 from ellm.schedules.tir_walk import rewrite_loops
 from fake_sysfs import make_sysfs
 from gguf.quants import quantize
+from conftest import THREADS
 from kernels import ISA_PRESETS, build, build_request, matmul_request, run, runnable
 from ellm.targets import IsaClass
 from test_numa_plan import SHAPES, TOPOLOGIES, _weights
@@ -106,3 +109,39 @@ def test_rules_that_keep_the_static_split_say_so():
 
     req = matmul_request(QuantType.Q4_1, 100, 256, m=1, kind=OpKind.LM_HEAD)  # rows, not tiles: a float kernel
     assert not select_rule(req, AVX2).follows_numa_tasks
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_each_unit_runs_on_a_cpu_of_its_own_node():
+    """At run time, through the loop the kernels use: every unit a node owns is computed on that node's CPU
+    (each unit records sched_getcpu), for either order of the CPUs, on every call."""
+    import tvm
+    from tvm.script.ir_builder import IRBuilder
+    from tvm.tirx.script.builder import ir as I
+
+    from ellm.numa.topology import allowed_cpus
+    from ellm.runtime.threads import set_threads
+
+    nodes = NodeTasks.make([1, 1], [[(0, 5)], [(5, 12)]])  # node 0: units 0-4, node 1: units 5-11
+    with IRBuilder() as ib:
+        with I.prim_func():
+            I.func_name("main")
+            out = I.arg("out", I.buffer((12,), "int32"))
+
+            def body(task, ranges):
+                for lo, hi in ranges:
+                    with I.serial(lo, hi) as u:
+                        I.buffer_store(out, tirx.call_extern("int32", "sched_getcpu"), [u])
+
+            nodes.loop(body, "int32")
+    kernel = tvm.compile(tvm.IRModule({"main": ib.get()}), target="llvm")["main"]
+    a, b = sorted(allowed_cpus())[:2]
+    try:
+        for cpus in ((a, b), (b, a)):
+            set_threads(2, cpus)
+            got = tvm.runtime.tensor(np.full(12, -1, "int32"))
+            for _ in range(5):
+                kernel(got)
+                assert got.numpy().tolist() == [cpus[0]] * 5 + [cpus[1]] * 7
+    finally:
+        set_threads(THREADS)

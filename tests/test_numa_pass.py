@@ -90,7 +90,7 @@ def test_compiled_plan_is_loads_plan_and_used_on_as_many_nodes(tiny, tmp_path):
 
 
 def test_kernels_compiled_for_other_threads_per_node_warn(tiny, tmp_path):
-    from ellm.numa.placement import kernel_tasks
+    from ellm.numa.placement import planned_kernels as kernel_tasks
 
     compiled = {"cpus": [[0, 1], [2, 3]]}
     kernels = [{"numa_tasks": "planned"}, {}]

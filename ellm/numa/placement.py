@@ -96,7 +96,7 @@ class Placement:
             if compiled is not None and len(compiled["nodes"]) == len(nodes):
                 # the artifact's layout for this many nodes: its k-th node is the k-th node in use here
                 plan, origin = replace(NumaPlan.from_dict(compiled, weights, cpus), nodes=tuple(nodes)), "artifact"
-                tasks, notes = kernel_tasks(compiled, kernels, cpus)
+                tasks, notes = planned_kernels(compiled, kernels, cpus)
             else:
                 plan = plan_layout(weights, manifest["config"]["n_kv_heads"], topology, nodes=nodes, allowed=allowed)
                 plan, origin = replace(plan, cpus=cpus), "load"
@@ -284,7 +284,7 @@ class Placement:
                 "bound_bytes": self.bound_bytes, "locked_bytes": self.locked_bytes, "warnings": list(self.warnings)}
 
 
-def kernel_tasks(compiled: dict, kernels: list[dict], cpus: tuple[tuple[int, ...], ...]) -> tuple[str, list[str]]:
+def planned_kernels(compiled: dict, kernels: list[dict], cpus: tuple[tuple[int, ...], ...]) -> tuple[str, list[str]]:
     """Whether the kernels of a plan compiled into the artifact run its tasks on these threads ([node] -> CPUs):
     ("planned" | "partial" | "static", warnings). A kernel's tasks are fixed at compile, one per thread."""
     marks = [k["numa_tasks"] for k in kernels if "numa_tasks" in k]

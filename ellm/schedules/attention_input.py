@@ -149,7 +149,7 @@ def build_attention_input(req: KernelRequest, dot: Dot, tokens_per_tile: int, pr
             if nodes is None:
                 with I.parallel(0, H + 2 * Hkv) as head:
                     per_head(head)
-            else:  # the NUMA plan's tasks: a node's q, k and v heads (its KV heads' groups), shared by its threads
+            else:  # the NUMA plan's tasks: a node's query heads and its KV heads' k and v, shared by its threads
                 def planned(task, ranges):
                     for lo, hi in ranges:
                         with I.serial(lo, hi) as head:

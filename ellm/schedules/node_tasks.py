@@ -77,7 +77,7 @@ class NodeTasks:
         """The unit ranges of `task` (a PrimExpr) as PrimExprs: a select over nodes for each bound. `scale`: each
         unit stands for that many finer ones (a PrimExpr known at run time), shared out among a node's threads."""
         dt = dtype
-        s = None if scale is None else tirx.Cast(dt, scale)
+        s = None if scale is None else tirx.const(scale, dt) if isinstance(scale, int) else tirx.Cast(dt, scale)
 
         def c(v):
             v = tirx.const(v, dt)

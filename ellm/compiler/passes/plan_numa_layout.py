@@ -1,7 +1,7 @@
 """Plan the NUMA layout for a stated node count (`ellm compile --numa-nodes N --numa-threads T`): which rows of
 every matmul weight and which KV heads each node holds, recorded in the manifest so that a fleet's artifact
 carries its layout, and the kernels' parallel tasks that follow it (each op's `numa_tasks`, honoured by the
-integer matmuls, the fused attention input and decode attention: schedules/node_tasks.py). Load uses the plan
+integer matmuls, the fused attention input and attention: schedules/node_tasks.py). Load uses the plan
 on a machine with that many nodes in use, and plans for the machine otherwise (numa/placement.py)."""
 
 from __future__ import annotations
