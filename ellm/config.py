@@ -126,45 +126,44 @@ class ModelConfig:
     @classmethod
     def from_gguf(cls, gf) -> ModelConfig:
         """The one place GGUF metadata becomes hyper-parameters."""
-        arch = gf.require("general.architecture")
+        arch = gf.get_str("general.architecture")
         if arch not in SUPPORTED_ARCHITECTURES:
             raise GGUFError(f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+        a = f"{arch}."
 
-        def key(name: str, default: Any = None) -> Any:
-            return gf.get(f"{arch}.{name}", default) if default is not None else gf.require(f"{arch}.{name}")
-
-        d_model = int(key("embedding_length"))
-        n_heads = int(key("attention.head_count"))
-        n_kv = int(key("attention.head_count_kv", n_heads))
-        head_dim = int(key("attention.key_length", d_model // n_heads))
-        if int(key("attention.value_length", head_dim)) != head_dim:
+        # sizes are positive before anything divides by them; typed getters name a key of the wrong type
+        d_model = gf.get_int(a + "embedding_length", minimum=1)
+        n_heads = gf.get_int(a + "attention.head_count", minimum=1)
+        n_kv = gf.get_int(a + "attention.head_count_kv", n_heads, minimum=1)
+        head_dim = gf.get_int(a + "attention.key_length", d_model // n_heads, minimum=1)
+        if gf.get_int(a + "attention.value_length", head_dim) != head_dim:
             raise GGUFError("unsupported model: key and value head sizes differ")
         if not gf.has("token_embd.weight"):
             raise GGUFError(f"{gf.path}: tensor token_embd.weight is missing")
-        vocab = int(gf.get(f"{arch}.vocab_size", 0)) or gf.info("token_embd.weight").rows
+        vocab = gf.get_int(a + "vocab_size", 0, minimum=0) or gf.info("token_embd.weight").rows
 
-        scaling_type = str(gf.get(f"{arch}.rope.scaling.type", "none"))
+        scaling_type = gf.get_str(a + "rope.scaling.type", "none")
         scaling = RopeScaling(
             kind=scaling_type,
-            factor=float(gf.get(f"{arch}.rope.scaling.factor", 1.0)) if scaling_type != "none" else 1.0,
-            original_ctx=int(gf.get(f"{arch}.rope.scaling.original_context_length", 0)),
-            beta_fast=float(gf.get(f"{arch}.rope.scaling.yarn_beta_fast", 32.0)),
-            beta_slow=float(gf.get(f"{arch}.rope.scaling.yarn_beta_slow", 1.0)),
-            attn_factor=float(gf.get(f"{arch}.rope.scaling.attn_factor", 1.0)),
+            factor=gf.get_float(a + "rope.scaling.factor", 1.0) if scaling_type != "none" else 1.0,
+            original_ctx=gf.get_int(a + "rope.scaling.original_context_length", 0, minimum=0),
+            beta_fast=gf.get_float(a + "rope.scaling.yarn_beta_fast", 32.0),
+            beta_slow=gf.get_float(a + "rope.scaling.yarn_beta_slow", 1.0),
+            attn_factor=gf.get_float(a + "rope.scaling.attn_factor", 1.0),
         )
         return cls(
             arch=arch,
-            n_layers=int(key("block_count")),
+            n_layers=gf.get_int(a + "block_count", minimum=1),
             d_model=d_model,
             n_heads=n_heads,
             n_kv_heads=n_kv,
             head_dim=head_dim,
-            d_ff=int(key("feed_forward_length")),
+            d_ff=gf.get_int(a + "feed_forward_length", minimum=1),
             vocab_size=vocab,
-            ctx_train=int(key("context_length")),
-            rms_eps=float(key("attention.layer_norm_rms_epsilon")),
-            rope_base=float(key("rope.freq_base", 10000.0)),
-            rope_dim=int(key("rope.dimension_count", head_dim)),
+            ctx_train=gf.get_int(a + "context_length", minimum=1),
+            rms_eps=gf.get_float(a + "attention.layer_norm_rms_epsilon", positive=True),
+            rope_base=gf.get_float(a + "rope.freq_base", 10000.0, positive=True),
+            rope_dim=gf.get_int(a + "rope.dimension_count", head_dim, minimum=1),
             rope_neox=arch == "qwen2",
             rope_scaling=scaling,
             rope_freq_factors=tuple(float(x) for x in gf.vector("rope_freqs.weight")) if gf.has("rope_freqs.weight") else (),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import math
 from pathlib import Path
 from typing import Any
 
@@ -11,21 +11,13 @@ import numpy as np
 
 from ..errors import GGUFError
 from ..quant import QuantType, WeightFormat, format_of
+from .gguf_table import TensorInfo, check_table
 
 GGUF_MAGIC = b"GGUF"
 
+__all__ = ["GGUFFile", "TensorInfo", "GGUF_MAGIC"]
 
-@dataclass(frozen=True)
-class TensorInfo:
-    """A GGUF tensor in matrix terms: `rows` outputs of `cols` inputs (ggml's ne1, ne0)."""
-
-    name: str
-    type_id: int
-    rows: int
-    cols: int
-    ndim: int
-    offset: int  # absolute file offset of the data
-    nbytes: int
+_MISSING = object()
 
 
 class GGUFFile:
@@ -47,18 +39,7 @@ class GGUFFile:
         except Exception as e:  # the reader raises ValueError/IndexError/... on damaged files
             raise GGUFError(f"{self.path} is truncated or corrupt: {type(e).__name__}: {e}") from None
         self.file_size = self.path.stat().st_size
-        self.tensors: dict[str, TensorInfo] = {}
-        for t in self._reader.tensors:
-            shape = [int(x) for x in t.shape]
-            cols = shape[0]
-            rows = int(np.prod(shape[1:])) if len(shape) > 1 else 1
-            info = TensorInfo(t.name, int(t.tensor_type), rows, cols, len(shape), int(t.data_offset), int(t.n_bytes))
-            if info.offset + info.nbytes > self.file_size:
-                raise GGUFError(
-                    f"{self.path} is truncated: tensor {t.name} needs bytes up to {info.offset + info.nbytes} "
-                    f"but the file has {self.file_size}"
-                )
-            self.tensors[t.name] = info
+        self.tensors: dict[str, TensorInfo] = check_table(self.path, self._reader, self.file_size)
         self._metadata = {k: f for k, f in self._reader.fields.items()}
 
     # --- metadata -------------------------------------------------------------------------
@@ -76,6 +57,54 @@ class GGUFFile:
         if value is None:
             raise GGUFError(f"{self.path}: required metadata key {key} is missing")
         return value
+
+    # --- typed metadata: a value of the wrong type is refused with its key's name ----------------
+    def _typed(self, key: str, default: Any, want: str) -> Any:
+        field = self._metadata.get(key)
+        if field is None:
+            if default is _MISSING:
+                raise GGUFError(f"{self.path}: required metadata key {key} is missing")
+            return default
+        have = value_kind(field.types)
+        if have != want and not (want == "float" and have == "int"):
+            raise GGUFError(f"{self.path}: metadata key {key} should be {ARTICLE[want]}, is {described(have)}")
+        return self.get(key)
+
+    def get_int(self, key: str, default: Any = _MISSING, minimum: int | None = None) -> int:
+        """An integer value (any integer type); with `minimum`, at least that."""
+        v = self._typed(key, default, "int")
+        if v is not None and minimum is not None and int(v) < minimum:
+            raise GGUFError(f"{self.path}: metadata key {key} is {v}, must be at least {minimum}")
+        return v if v is None else int(v)
+
+    def get_float(self, key: str, default: Any = _MISSING, positive: bool = False) -> float:
+        """A finite number (float or integer type); with `positive`, above 0."""
+        v = self._typed(key, default, "float")
+        if v is None:
+            return v
+        v = float(v)
+        if not math.isfinite(v) or (positive and not v > 0):
+            raise GGUFError(f"{self.path}: metadata key {key} is {v}, must be a finite{' positive' if positive else ''} number")
+        return v
+
+    def get_str(self, key: str, default: Any = _MISSING) -> str:
+        return self._typed(key, default, "string")
+
+    def get_bool(self, key: str, default: Any = _MISSING) -> bool:
+        v = self._typed(key, default, "bool")
+        return v if v is None else bool(v)
+
+    def get_array(self, key: str, of: str, default: Any = _MISSING) -> list:
+        """An array whose elements are `of` ("int", "float", "string")."""
+        field = self._metadata.get(key)
+        if field is None:
+            if default is _MISSING:
+                raise GGUFError(f"{self.path}: required metadata key {key} is missing")
+            return default
+        have = value_kind(field.types)
+        if have != f"array of {of}" and not (of == "float" and have == "array of int"):
+            raise GGUFError(f"{self.path}: metadata key {key} should be an array of {of}s, is {described(have)}")
+        return list(self.get(key))
 
     def keys(self) -> list[str]:
         return list(self._metadata)
@@ -122,3 +151,26 @@ class GGUFFile:
             for chunk in iter(lambda: f.read(1 << 22), b""):
                 h.update(chunk)
         return h.hexdigest()
+
+
+def value_kind(types: list) -> str:
+    """A metadata field's kind from its GGUF value types: int, float, bool, string or "array of <kind>"."""
+    from gguf import GGUFValueType as V
+
+    def scalar(t) -> str:
+        if t in (V.UINT8, V.INT8, V.UINT16, V.INT16, V.UINT32, V.INT32, V.UINT64, V.INT64):
+            return "int"
+        return {V.FLOAT32: "float", V.FLOAT64: "float", V.BOOL: "bool", V.STRING: "string"}.get(t, "unknown")
+
+    if not types:
+        return "unknown"
+    if types[0] == V.ARRAY:
+        return "array of " + (scalar(types[1]) if len(types) > 1 else "nothing")
+    return scalar(types[0])
+
+
+ARTICLE = {"int": "an integer", "float": "a number", "bool": "a boolean", "string": "a string"}
+
+
+def described(kind: str) -> str:
+    return ARTICLE.get(kind) or (f"an {kind}s" if kind.startswith("array of ") else f"of {kind} type")

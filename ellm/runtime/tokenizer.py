@@ -126,23 +126,29 @@ def _bpe_spm(tokens, types, scores, add_space_prefix: bool, unk_id: int | None):
 
 def build_from_gguf(gf):
     """(tokenizers.Tokenizer, TokenizerInfo) from GGUF metadata."""
-    model = gf.get("tokenizer.ggml.model")
-    tokens = gf.get("tokenizer.ggml.tokens")
+    model = gf.get_str("tokenizer.ggml.model", None)
+    tokens = gf.get_array("tokenizer.ggml.tokens", "string", None)
     if model is None or tokens is None:
         raise GGUFError(f"{gf.path}: no tokenizer (tokenizer.ggml.model / tokenizer.ggml.tokens missing)")
-    tokens = list(tokens)
-    types = list(gf.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+    types = gf.get_array("tokenizer.ggml.token_type", "int", None) or [1] * len(tokens)
+    if len(types) != len(tokens):
+        raise GGUFError(f"{gf.path}: {len(types)} token types for {len(tokens)} tokens (tokenizer.ggml.token_type)")
+    ids = ("bos", "eos", "eot", "eom", "unknown")
+    special = {k: gf.get_int(f"tokenizer.ggml.{k}_token_id", None, minimum=0) for k in ids}
+    bad = [k for k, v in special.items() if v is not None and v >= len(tokens)]
+    if bad:
+        raise GGUFError(f"{gf.path}: tokenizer.ggml.{bad[0]}_token_id {special[bad[0]]} is past the {len(tokens)} tokens")
     if model == "gpt2":
-        merges = gf.get("tokenizer.ggml.merges")
+        merges = gf.get_array("tokenizer.ggml.merges", "string", None)
         if merges is None:
             raise GGUFError(f"{gf.path}: BPE tokenizer without tokenizer.ggml.merges")
-        tok = _bpe_gpt2(tokens, types, list(merges), str(gf.get("tokenizer.ggml.pre", "default")).replace("default", "gpt2"))
+        tok = _bpe_gpt2(tokens, types, merges, gf.get_str("tokenizer.ggml.pre", "default").replace("default", "gpt2"))
         default_bos = False
     elif model == "llama":
-        scores = list(gf.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
-        tok = _bpe_spm(
-            tokens, types, scores, bool(gf.get("tokenizer.ggml.add_space_prefix", True)), gf.get("tokenizer.ggml.unknown_token_id")
-        )
+        scores = gf.get_array("tokenizer.ggml.scores", "float", None) or [0.0] * len(tokens)
+        if len(scores) != len(tokens):
+            raise GGUFError(f"{gf.path}: {len(scores)} token scores for {len(tokens)} tokens (tokenizer.ggml.scores)")
+        tok = _bpe_spm(tokens, types, scores, gf.get_bool("tokenizer.ggml.add_space_prefix", True), special["unknown"])
         default_bos = True
     else:
         raise GGUFError(f"unsupported tokenizer model {model!r} (supported: gpt2, llama)")
@@ -150,17 +156,16 @@ def build_from_gguf(gf):
     tok.add_special_tokens([a for _, a in added if a.special])
     tok.add_tokens([a for _, a in added if not a.special])
 
-    bos = gf.get("tokenizer.ggml.bos_token_id")
-    eos = gf.get("tokenizer.ggml.eos_token_id")
-    eog = {int(x) for x in (eos, gf.get("tokenizer.ggml.eot_token_id"), gf.get("tokenizer.ggml.eom_token_id")) if x is not None}
+    bos, eos = special["bos"], special["eos"]
+    eog = {x for x in (eos, special["eot"], special["eom"]) if x is not None}
     eog |= {i for i, (t, ty) in enumerate(zip(tokens, types)) if ty == TOKEN_TYPE_CONTROL and t in EOG_TEXTS}
     info = TokenizerInfo(
         model=model,
         bos_id=int(bos) if bos is not None else None,
         eos_id=int(eos) if eos is not None else None,
-        add_bos=bool(gf.get("tokenizer.ggml.add_bos_token", default_bos)) and bos is not None,
+        add_bos=gf.get_bool("tokenizer.ggml.add_bos_token", default_bos) and bos is not None,
         eog_ids=tuple(sorted(eog)),
-        chat_template=gf.get("tokenizer.chat_template"),
+        chat_template=gf.get_str("tokenizer.chat_template", None),
         vocab_size=len(tokens),
         specials={t: i for i, t in enumerate(tokens) if types[i] == TOKEN_TYPE_CONTROL},
     )

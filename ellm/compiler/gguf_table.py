@@ -1,0 +1,72 @@
+"""The GGUF tensor table, checked before any tensor byte is trusted: sizes computed exactly (Python integers, so
+dimensions whose product overflows int64 are caught rather than wrapped), every tensor's data aligned, inside
+the file and overlapping no other tensor's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import GGUFError
+
+# A dimension past this is no model's: it bounds the arithmetic below and names the tensor that is wrong.
+MAX_DIM = 1 << 40
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A GGUF tensor in matrix terms: `rows` outputs of `cols` inputs (ggml's ne1, ne0)."""
+
+    name: str
+    type_id: int
+    rows: int
+    cols: int
+    ndim: int
+    offset: int  # absolute file offset of the data
+    nbytes: int
+
+
+def tensor_bytes(path: Path, name: str, dims: list[int], type_id: int) -> int:
+    """Bytes of a tensor of `dims` (ggml order) and type, exactly; the row length must be whole blocks."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(type_id)]
+    except (ValueError, KeyError):
+        raise GGUFError(f"{path}: tensor {name} has unknown type {type_id}") from None
+    if not dims or any(d < 1 or d > MAX_DIM for d in dims):
+        raise GGUFError(f"{path}: tensor {name} has dimensions {dims} (each must be 1 .. 2^40)")
+    if dims[0] % block:
+        raise GGUFError(f"{path}: tensor {name}: rows of {dims[0]} values are not whole blocks of {block}")
+    n = 1
+    for d in dims:
+        n *= d
+    return n // block * type_size
+
+
+def check_table(path: Path, reader, file_size: int) -> dict[str, TensorInfo]:
+    """The reader's tensors as TensorInfo, each checked: exact size, alignment, bounds, no overlap."""
+    align = int(getattr(reader, "alignment", 32))
+    start = int(getattr(reader, "data_offset", 0))
+    out: dict[str, TensorInfo] = {}
+    for t in reader.tensors:
+        dims = [int(x) for x in t.shape.tolist()]
+        nbytes = tensor_bytes(path, t.name, dims, int(t.tensor_type))
+        if int(t.n_bytes) != nbytes:
+            raise GGUFError(f"{path}: tensor {t.name}: dimensions {dims} overflow 64-bit sizes")
+        offset = int(t.data_offset)
+        if (offset - start) % align:
+            raise GGUFError(f"{path}: tensor {t.name}'s data at {offset - start} is not aligned to {align} bytes")
+        if offset < start or offset + nbytes > file_size:
+            raise GGUFError(f"{path} is truncated or corrupt: tensor {t.name} needs bytes {offset} .. {offset + nbytes} "
+                            f"but the file has {file_size}")
+        cols = dims[0]
+        rows = 1
+        for d in dims[1:]:
+            rows *= d
+        out[t.name] = TensorInfo(t.name, int(t.tensor_type), rows, cols, len(dims), offset, nbytes)
+    spans = sorted((i.offset, i.offset + i.nbytes, i.name) for i in out.values() if i.nbytes)
+    for (a0, a1, a), (b0, _, b) in zip(spans, spans[1:]):
+        if b0 < a1:
+            raise GGUFError(f"{path}: tensors {a} and {b} overlap (bytes {b0} .. {a1})")
+    return out
