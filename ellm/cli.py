@@ -140,9 +140,12 @@ def _read_prompt(a: argparse.Namespace) -> str:
     if a.prompt is not None:
         return a.prompt
     try:
-        return Path(a.file).read_text()
+        return Path(a.file).read_text(encoding="utf-8")
     except OSError as e:
         raise EllmError(f"cannot read prompt file {a.file}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise EllmError(f"prompt file {a.file} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+                        "convert it first, e.g. iconv -f latin1 -t utf-8") from None
 
 
 def prefill_progress():

@@ -140,3 +140,24 @@ def test_interrupted_compile_leaves_nothing(tmp_path, tiny, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         build.compile_model(tiny, out, build.CompileOptions())
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_prompt_file_that_is_not_utf8(tmp_path, tiny_artifact):
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("caf\xe9 au lait".encode("latin-1"))
+    assert_user_error(ellm("run", tiny_artifact, "-f", bad, "-n", "1"), "is not UTF-8 text", "0xe9 at offset 3")
+
+
+@pytest.mark.parametrize("margin", ["nan", "-1", "inf"])
+def test_a_margin_that_is_not_a_finite_nonnegative_number(tiny_artifact, margin):
+    assert_user_error(ellm("run", tiny_artifact, "-p", "hi", "-n", "1", f"--margin={margin}"), "margin must be a finite number")
+
+
+def test_the_api_refuses_a_zero_context_instead_of_meaning_the_trained_one(tiny_artifact):
+    import ellm as api
+    from ellm.errors import EllmError
+
+    with pytest.raises(EllmError, match="ctx_size must be at least 1, got 0"):
+        api.load(tiny_artifact, ctx_size=0)
+    with pytest.raises(EllmError, match="threads must be at least 1, got 0"):
+        api.load(tiny_artifact, threads=0)

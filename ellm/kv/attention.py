@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -33,6 +35,8 @@ class AttentionConfig:
             raise EllmError(f"attention must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.sinks < 0 or self.window < 1 or self.topk < 0 or self.widen < 0 or min(self.layer_topk, default=0) < 0:
             raise EllmError("attention: sinks, topk and widen must be >= 0 and window >= 1")
+        if not (isinstance(self.margin, (int, float)) and math.isfinite(self.margin) and self.margin >= 0):
+            raise EllmError(f"attention: margin must be a finite number >= 0, got {self.margin}")
 
     def for_layer(self, layer: int) -> AttentionConfig:
         """The settings layer `layer` reads with (its own top-K where there is one per layer)."""

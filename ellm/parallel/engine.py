@@ -62,7 +62,9 @@ class ParallelEngine:
         self.config = self.group.config
         rank0 = Artifact.open(self.group.rank_dir(0))  # checks the CPU and the files before any worker starts
         self.tokenizer = rank0.tokenizer()
-        self.ctx_size = int(ctx_size or self.config.ctx_train)
+        if ctx_size is not None and int(ctx_size) < 1:  # None, not 0, means the trained context
+            raise EllmError(f"ctx_size must be at least 1, got {ctx_size}")
+        self.ctx_size = int(ctx_size if ctx_size is not None else self.config.ctx_train)
         self.max_chunk = int(rank0.manifest["max_chunk"])
         self.cpus = rank_cpus(self.world, cpus)
         self.tokens: list[int] = []

@@ -58,9 +58,9 @@ class Engine:
                                         kernels=artifact.target["kernels"], log=log)
         self.threads = self.placement.n_threads  # physical cores, not SMT siblings (numa/threadmap.py)
         self._cpus = self.placement.cpus  # [task] -> CPU, or None: TVM's own pinning
-        self.ctx_size = int(ctx_size or cfg.ctx_train)
-        if self.ctx_size < 1:
+        if ctx_size is not None and int(ctx_size) < 1:  # None, not 0, means the trained context
             raise EllmError(f"ctx_size must be at least 1, got {ctx_size}")
+        self.ctx_size = int(ctx_size if ctx_size is not None else cfg.ctx_train)
         max_chunk = int(artifact.manifest["max_chunk"])
         self.prefill_chunk = int(prefill_chunk or max_chunk)
         if not 1 <= self.prefill_chunk <= max_chunk:
