@@ -161,3 +161,25 @@ def test_the_api_refuses_a_zero_context_instead_of_meaning_the_trained_one(tiny_
         api.load(tiny_artifact, ctx_size=0)
     with pytest.raises(EllmError, match="threads must be at least 1, got 0"):
         api.load(tiny_artifact, threads=0)
+
+
+def test_a_context_that_cannot_be_allocated_is_refused_up_front(tiny_artifact):
+    p = ellm("run", tiny_artifact, "-p", "hi", "-n", "1", "--ctx-size", str(10**10))
+    assert_user_error(p, "a context of 10000000000 tokens needs", "GiB is available", "--ctx-size")
+
+
+def test_a_context_past_the_trained_one_without_rope_scaling_warns_once(tiny_artifact):
+    from ellm.runtime.limits import check_context
+    from ellm.runtime.artifact import Artifact
+
+    art = Artifact.open(tiny_artifact)
+    logs: list[str] = []
+    check_context(art.config, art.kv_plan, art.config.ctx_train, 0, None, logs.append)
+    assert logs == []
+    check_context(art.config, art.kv_plan, 4 * art.config.ctx_train, 0, None, logs.append)
+    assert len(logs) == 1 and "--rope-scaling" in logs[0] and f"the {art.config.ctx_train} the model was trained" in logs[0]
+    scaled = art.config.with_rope_scaling("yarn", 4.0)
+    check_context(scaled, art.kv_plan, 4 * art.config.ctx_train, 0, None, logs.append)
+    assert len(logs) == 1
+    with pytest.raises(Exception, match="needs .* GiB .* but 0.00 GiB is available"):
+        check_context(art.config, art.kv_plan, 1024, 0, 1000, logs.append)

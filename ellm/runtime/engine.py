@@ -17,11 +17,13 @@ from ..kv.attention import AttentionConfig
 from ..speculative.config import SpeculativeConfig
 from .artifact import Artifact
 from .hugepages import huge_arrays
+from .limits import check_context
 from .rope import rope_table
 from .state import Emitter, GenerationStats, _Cache  # noqa: F401 (GenerationStats: the engine's API)
 from .sampling import Sampler, SamplingConfig
 from .threads import set_threads
 from ..numa.placement import NumaOptions, Placement
+from ..targets.detect import available_memory
 
 
 class Engine:
@@ -61,6 +63,8 @@ class Engine:
         if ctx_size is not None and int(ctx_size) < 1:  # None, not 0, means the trained context
             raise EllmError(f"ctx_size must be at least 1, got {ctx_size}")
         self.ctx_size = int(ctx_size if ctx_size is not None else cfg.ctx_train)
+        private = 0 if (self.placement.options.mmap or not huge_pages) else sum(p["nbytes"] for p in artifact.param_records())
+        check_context(cfg, artifact.kv_plan, self.ctx_size, private, available_memory(), log)
         max_chunk = int(artifact.manifest["max_chunk"])
         self.prefill_chunk = int(prefill_chunk or max_chunk)
         if not 1 <= self.prefill_chunk <= max_chunk:
@@ -134,8 +138,6 @@ class Engine:
     def add_slots(self, n: int) -> None:
         """Have `n` KV states in all (a server's conversations each keep theirs; select_slot switches). Refused
         up front where they would not fit in the memory available."""
-        from ..targets.detect import available_memory
-
         extra = n - self.n_slots
         if extra <= 0:
             return
