@@ -183,3 +183,44 @@ def test_a_context_past_the_trained_one_without_rope_scaling_warns_once(tiny_art
     assert len(logs) == 1
     with pytest.raises(Exception, match="needs .* GiB .* but 0.00 GiB is available"):
         check_context(art.config, art.kv_plan, 1024, 0, 1000, logs.append)
+
+
+def _tampered_manifest(tmp_path, tiny_artifact, edit) -> Path:
+    art = tmp_path / "art"
+    shutil.copytree(tiny_artifact, art)
+    m = json.loads((art / "manifest.json").read_text())
+    edit(m, art)
+    (art / "manifest.json").write_text(json.dumps(m))
+    return art
+
+
+def _first_kernels(m):
+    return m["targets"][0]["kernels_file"]
+
+
+MANIFEST_TAMPERING = [
+    ("a ../ file name", lambda m, art: m["files"].update({"../escape.bin": "0" * 64}), "not a plain file name"),
+    ("a kernels file outside", lambda m, art: m["targets"][0].update(kernels_file="/etc/passwd"), "not a plain file name"),
+    ("a symlinked file", lambda m, art: ((art / "weights.bin").rename(art / "w.real"),
+                                         (art / "weights.bin").symlink_to(art / "w.real")), "is a symbolic link"),
+    ("a missing key", lambda m, art: m.pop("kv_cache"), "manifest kv_cache is missing"),
+    ("a mistyped key", lambda m, art: m.update(max_chunk="256"), "manifest max_chunk should be int, is str"),
+    ("a target without params", lambda m, art: m["targets"][0].pop("params"), "manifest targets[0].params is missing"),
+    ("a param index past the table", lambda m, art: m["targets"][0]["params"].append(10**6), "indexes past"),
+    ("an offset beyond the file", lambda m, art: m["params"][0].update(offset=1 << 40), "inside the"),
+    ("an unaligned offset", lambda m, art: m["params"][0].update(offset=m["params"][0]["offset"] + 64), "page-aligned"),
+    ("a size that is not the shape's", lambda m, art: m["params"][0].update(nbytes=m["params"][0]["nbytes"] + 1), "bytes at offset"),
+    ("a damaged config", lambda m, art: m["config"].pop("n_heads"), "manifest config is damaged"),
+    ("a list for a manifest", None, "not an eLLM artifact"),
+]
+
+
+@pytest.mark.parametrize("what,edit,message", MANIFEST_TAMPERING, ids=[w for w, _, _ in MANIFEST_TAMPERING])
+def test_a_tampered_manifest_is_one_line_before_any_kernel_runs(tmp_path, tiny_artifact, what, edit, message):
+    if edit is None:
+        art = tmp_path / "art"
+        shutil.copytree(tiny_artifact, art)
+        (art / "manifest.json").write_text("[1, 2]")
+    else:
+        art = _tampered_manifest(tmp_path, tiny_artifact, edit)
+    assert_user_error(ellm("run", art, "-p", "hi", "-n", "1"), message)

@@ -20,6 +20,7 @@ from ..errors import ArtifactError
 from ..kv.attention import AttentionConfig
 from ..fsutil import sha256_file
 from ..targets import MASK_ENV, cpu_mask, host_flags, missing_features
+from .manifest_check import check_manifest, check_params_in_file, plain_name
 from .tokenizer import Tokenizer, TokenizerInfo
 
 FORMAT = "ellm-artifact"
@@ -44,7 +45,10 @@ class Artifact:
     def __init__(self, path: Path, manifest: dict[str, Any], target: dict[str, Any] | None = None):
         self.path = path
         self.manifest = manifest
-        self.config = ModelConfig.from_dict(manifest["config"])
+        try:
+            self.config = ModelConfig.from_dict(manifest["config"])
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ArtifactError(f"{path}: manifest config is damaged ({type(e).__name__}: {e}); recompile it") from None
         self.targets: list[dict[str, Any]] = manifest["targets"]
         self.target = target or self.targets[0]  # the target whose kernels run
 
@@ -60,19 +64,23 @@ class Artifact:
         if not path.is_dir():
             raise ArtifactError(f"artifact directory not found: {path} (create one with `ellm compile -o {path}`)")
         mpath = path / MANIFEST
+        if mpath.is_symlink():
+            raise ArtifactError(f"{path}: {MANIFEST} is a symbolic link; artifacts hold plain files only")
         try:
             manifest = json.loads(mpath.read_text())
         except FileNotFoundError:
             raise ArtifactError(f"{path} is not an eLLM artifact: {MANIFEST} is missing") from None
         except (OSError, ValueError) as e:
             raise ArtifactError(f"{mpath} is unreadable: {e}") from None
-        if manifest.get("format") != FORMAT:
-            raise ArtifactError(f"{path} is not an eLLM artifact (manifest format {manifest.get('format')!r})")
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            what = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+            raise ArtifactError(f"{path} is not an eLLM artifact (manifest format {what!r})")
         if manifest.get("format_version") != FORMAT_VERSION:
             raise ArtifactError(
                 f"{path} has artifact format version {manifest.get('format_version')}; this eLLM reads version "
                 f"{FORMAT_VERSION}: recompile it"
             )
+        check_manifest(path, manifest)
         art = cls(path, manifest)
         if target is not None:
             art.target = art._named_target(target)
@@ -102,7 +110,7 @@ class Artifact:
 
     def verify_files(self) -> None:
         for name, expected in self.manifest["files"].items():
-            f = self.path / name
+            f = self.path / plain_name(self.path, name, "file")
             if not f.is_file():
                 raise ArtifactError(f"artifact file {name} is missing from {self.path}: recompile the artifact")
             got = sha256_file(f)
@@ -145,7 +153,10 @@ class Artifact:
         """The KV cache plan (kv/plan.py) the kernels were compiled for."""
         from ..kv.plan import KVPlan
 
-        return KVPlan.from_dict(self.manifest["kv_cache"])
+        try:
+            return KVPlan.from_dict(self.manifest["kv_cache"])
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ArtifactError(f"{self.path}: manifest kv_cache is damaged ({type(e).__name__}: {e}); recompile it") from None
 
     def tokenizer(self) -> Tokenizer:
         return Tokenizer.load(self.path / TOKENIZER, TokenizerInfo.from_dict(self.manifest["tokenizer"]))
@@ -162,6 +173,7 @@ class Artifact:
         instead (numa/placement.py)."""
         params = self.params
         mm = np.memmap(self.path / WEIGHTS, dtype=np.uint8, mode="c")
+        check_params_in_file(self.path, params, mm.size, PAGE)
         if place is not None:
             mm = place(mm, self.param_records())
         elif huge_pages:
