@@ -17,7 +17,7 @@ def manifest(artifact):
 
 
 def test_manifest_records_source_target_and_files(manifest, artifact, model_path):
-    assert manifest["format"] == "ellm-artifact" and manifest["format_version"] == 4
+    assert manifest["format"] == "ellm-artifact" and manifest["format_version"] == 5
     assert {e["name"]: e["numerics"] for e in manifest["entries"]} == {
         "prefill_all": "chunks", "prefill": "chunks", "decode": "steps", "verify": "steps"}
     assert manifest["max_verify"] == 32

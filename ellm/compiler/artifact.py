@@ -3,6 +3,7 @@ the targets), tokenizer.json, manifest.json."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ import numpy as np
 
 from ..fsutil import sha256_file
 from ..runtime.artifact import FORMAT, FORMAT_VERSION, MANIFEST, PAGE, TOKENIZER, WEIGHTS
+from ..runtime.envelope import DIGEST, envelope
 from .lower import ParamSpec
 
 
@@ -33,6 +35,7 @@ def write_weights(path: Path, params: Iterable[tuple[ParamSpec, np.ndarray]]) ->
                     "shape": list(spec.shape),
                     "offset": offset,
                     "nbytes": len(data),
+                    "sha256": hashlib.sha256(data).hexdigest(),  # checked on the bytes that run (runtime/artifact.py)
                     "sources": list(spec.sources),
                     "qtype": spec.qtype,
                     "component": spec.component,
@@ -45,8 +48,11 @@ def write_weights(path: Path, params: Iterable[tuple[ParamSpec, np.ndarray]]) ->
 
 
 def write_manifest(out: Path, manifest: dict[str, Any], kernel_files: list[str]) -> None:
-    """Record every file's checksum and write the manifest last (inside the not-yet-renamed directory)."""
+    """Record every file's checksum and write the manifest last (inside the not-yet-renamed directory), then
+    its digest envelope (runtime/envelope.py)."""
     files = {name: sha256_file(out / name) for name in (*kernel_files, WEIGHTS, TOKENIZER)}
     full = {"format": FORMAT, "format_version": FORMAT_VERSION, "created_unix": int(time.time()), **manifest}
     full["files"] = files
-    (out / MANIFEST).write_text(json.dumps(full, indent=1))
+    raw = json.dumps(full, indent=1).encode()
+    (out / MANIFEST).write_bytes(raw)
+    (out / DIGEST).write_text(envelope(raw))

@@ -20,12 +20,13 @@ from ..errors import ArtifactError
 from ..kv.attention import AttentionConfig
 from ..fsutil import sha256_file
 from ..targets import MASK_ENV, cpu_mask, host_flags, missing_features
+from .envelope import DIGEST, check_envelope, read_plain
 from .manifest_check import check_manifest, check_params_in_file, plain_name
 from .tokenizer import Tokenizer, TokenizerInfo
 
 FORMAT = "ellm-artifact"
-FORMAT_VERSION = 4  # 2: several targets, each with its kernel library, sharing one weights file; 3: attention settings
-# per layer; 4: the verify entry (speculative chains)
+FORMAT_VERSION = 5  # 2: several targets, each with its kernel library, sharing one weights file; 3: attention settings
+# per layer; 4: the verify entry (speculative chains); 5: the manifest's digest envelope, a sha256 per parameter
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.bin"
 TOKENIZER = "tokenizer.json"
@@ -39,6 +40,7 @@ class ParamEntry:
     shape: tuple[int, ...]
     offset: int
     nbytes: int
+    sha256: str
 
 
 class Artifact:
@@ -67,10 +69,15 @@ class Artifact:
         if mpath.is_symlink():
             raise ArtifactError(f"{path}: {MANIFEST} is a symbolic link; artifacts hold plain files only")
         try:
-            manifest = json.loads(mpath.read_text())
+            raw = mpath.read_bytes()
         except FileNotFoundError:
             raise ArtifactError(f"{path} is not an eLLM artifact: {MANIFEST} is missing") from None
-        except (OSError, ValueError) as e:
+        except OSError as e:
+            raise ArtifactError(f"{mpath} is unreadable: {e}") from None
+        check_envelope(path, raw, read_plain(path, DIGEST))  # these bytes, and no others, are parsed
+        try:
+            manifest = json.loads(raw)
+        except ValueError as e:
             raise ArtifactError(f"{mpath} is unreadable: {e}") from None
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
             what = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
@@ -109,7 +116,13 @@ class Artifact:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def verify_files(self) -> None:
+        """Every file against its checksum, but the weights: their parameters are checked as mapped
+        (map_params), so the bytes verified are the bytes the kernels read."""
         for name, expected in self.manifest["files"].items():
+            if name == WEIGHTS:
+                if not (self.path / plain_name(self.path, name, "file")).is_file():
+                    raise ArtifactError(f"artifact file {name} is missing from {self.path}: recompile the artifact")
+                continue
             f = self.path / plain_name(self.path, name, "file")
             if not f.is_file():
                 raise ArtifactError(f"artifact file {name} is missing from {self.path}: recompile the artifact")
@@ -146,7 +159,7 @@ class Artifact:
         """The chosen target's parameters, in the order its kernels take them."""
         table = self.manifest["params"]
         return [ParamEntry(table[i]["name"], table[i]["dtype"], tuple(table[i]["shape"]), int(table[i]["offset"]),
-                           int(table[i]["nbytes"])) for i in self.target["params"]]
+                           int(table[i]["nbytes"]), table[i]["sha256"]) for i in self.target["params"]]
 
     @property
     def kv_plan(self):
@@ -183,7 +196,12 @@ class Artifact:
             for p in params:  # only what this target reads: another target's layouts stay on disk
                 whole[p.offset : p.offset + p.nbytes] = mm[p.offset : p.offset + p.nbytes]
             mm = whole
-        return [mm[p.offset : p.offset + p.nbytes].view(np.dtype(p.dtype)).reshape(p.shape) for p in params]
+        views = [mm[p.offset : p.offset + p.nbytes] for p in params]
+        for p, v in zip(params, views):  # the bytes that run: the private copy, or the mapping (--mmap)
+            if hashlib.sha256(v).hexdigest() != p.sha256:
+                raise ArtifactError(f"{self.path}: parameter {p.name} in {WEIGHTS} does not match its checksum: the "
+                                    "artifact is corrupt or was modified; recompile it")
+        return [v.view(np.dtype(p.dtype)).reshape(p.shape) for p, v in zip(params, views)]
 
     def load_module(self):
         import tvm

@@ -17,7 +17,7 @@ PARAM_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "float16"
 TOP = {"config": dict, "targets": list, "params": list, "files": dict, "kv_cache": dict, "tokenizer": dict,
        "entries": list, "max_chunk": int, "max_verify": int}
 TARGET = {"preset": str, "required_cpu_features": list, "kernels_file": str, "params": list, "kernels": list}
-PARAM = {"name": str, "dtype": str, "shape": list, "offset": int, "nbytes": int}
+PARAM = {"name": str, "dtype": str, "shape": list, "offset": int, "nbytes": int, "sha256": str}
 
 
 def _typed(where: str, d: Any, schema: dict[str, type], path: Path) -> None:
@@ -29,6 +29,10 @@ def _typed(where: str, d: Any, schema: dict[str, type], path: Path) -> None:
         v = d[key]
         if not isinstance(v, want) or (want is int and isinstance(v, bool)):
             raise ArtifactError(f"{path}: manifest {where}{key} should be {want.__name__}, is {type(v).__name__}")
+
+
+def is_digest(s: Any) -> bool:
+    return isinstance(s, str) and len(s) == 64 and all(c in "0123456789abcdef" for c in s)
 
 
 def plain_name(path: Path, name: Any, what: str) -> str:
@@ -46,7 +50,7 @@ def check_manifest(path: Path, m: dict) -> None:
     _typed("", m, TOP, path)
     for name, digest in m["files"].items():
         plain_name(path, name, "file")
-        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+        if not is_digest(digest):
             raise ArtifactError(f"{path}: manifest files.{name} is not a sha256 digest")
     if not m["targets"]:
         raise ArtifactError(f"{path}: manifest targets is empty")
@@ -65,6 +69,8 @@ def check_manifest(path: Path, m: dict) -> None:
 
 def _check_param(path: Path, i: int, p: dict) -> None:
     where = f"{path}: manifest params[{i}] ({p['name']})"
+    if not is_digest(p["sha256"]):
+        raise ArtifactError(f"{where}: sha256 is not a digest")
     if p["dtype"] not in PARAM_DTYPES:
         raise ArtifactError(f"{where} has dtype {p['dtype']!r}")
     shape = p["shape"]
