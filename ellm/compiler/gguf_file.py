@@ -60,14 +60,16 @@ class GGUFFile:
 
     # --- typed metadata: a value of the wrong type is refused with its key's name ----------------
     def _typed(self, key: str, default: Any, want: str) -> Any:
+        """The value of `key` if it is of kind `want` (value_kind; integers pass for floats), else `default`
+        where the key is absent; a missing required key or a value of another kind is refused."""
         field = self._metadata.get(key)
         if field is None:
             if default is _MISSING:
                 raise GGUFError(f"{self.path}: required metadata key {key} is missing")
             return default
         have = value_kind(field.types)
-        if have != want and not (want == "float" and have == "int"):
-            raise GGUFError(f"{self.path}: metadata key {key} should be {ARTICLE[want]}, is {described(have)}")
+        if have != want and not (want.endswith("float") and have == want[: -len("float")] + "int"):
+            raise GGUFError(f"{self.path}: metadata key {key} should be {described(want)}, is {described(have)}")
         return self.get(key)
 
     def get_int(self, key: str, default: Any = _MISSING, minimum: int | None = None) -> int:
@@ -97,14 +99,8 @@ class GGUFFile:
     def get_array(self, key: str, of: str, default: Any = _MISSING) -> list:
         """An array whose elements are `of` ("int", "float", "string")."""
         field = self._metadata.get(key)
-        if field is None:
-            if default is _MISSING:
-                raise GGUFError(f"{self.path}: required metadata key {key} is missing")
-            return default
-        have = value_kind(field.types)
-        if have != f"array of {of}" and not (of == "float" and have == "array of int"):
-            raise GGUFError(f"{self.path}: metadata key {key} should be an array of {of}s, is {described(have)}")
-        return list(self.get(key))
+        v = self._typed(key, default, f"array of {of}")
+        return v if field is None else list(v)
 
     def keys(self) -> list[str]:
         return list(self._metadata)
