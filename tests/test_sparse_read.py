@@ -58,13 +58,13 @@ def test_widening_follows_the_margin():
     n, c = 24 * B, 1  # the last position: its window is exactly 2 blocks
     q, keys, scores = _case(n, c, seed=3)
 
-    def blocks(margin: float) -> np.ndarray:
-        cfg = AttentionConfig(sinks=0, window=2 * B, topk=3, widen=5, margin=margin)
+    def blocks(margin: float, widen: int = 5) -> np.ndarray:
+        cfg = AttentionConfig(sinks=0, window=2 * B, topk=3, widen=widen, margin=margin)
         m = SparseSelect(cfg, B)(q, keys, scores, n - c)
         return (m[:, 0].reshape(HKV, c, 24, B) == 0).all(axis=-1).sum(axis=-1)  # [Hkv, c]
 
-    # no margin can widen past `widen`; a margin below every score never widens
-    assert (blocks(1e9) == 3 + 5 + 2).all() and (blocks(-1e9) == 3 + 2).all()
+    # no margin can widen past `widen`, and widen 0 never widens (a negative margin is refused: test_errors.py)
+    assert (blocks(1e9) == 3 + 5 + 2).all() and (blocks(1e9, widen=0) == 3 + 2).all()
     mid = blocks(0.0)
     assert ((mid >= 5) & (mid <= 10)).all()
 
