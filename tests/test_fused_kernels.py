@@ -103,7 +103,7 @@ def test_attention_input_rotates_quantised_keys(m):
 def attention_input_error(neox, rope_dim, bias, m, preset, knobs=None, plan: KVPlan | None = None) -> float:
     """Largest error of q, k and v (norm, QKV matmul, RoPE, KV append) against float64, relative to the
     largest projection; asserts that nothing else in the KV state was written."""
-    H, Hkv, hd, Lyr, C, pos, layer, D = 4, 2, 64, 2, 64, 21, 1, 256
+    H, Hkv, hd, _, C, pos, layer, D = 4, 2, 64, 2, 64, 21, 1, 256  # 2 layers
     N = (H + 2 * Hkv) * hd
     w, W = _weight(QuantType.Q4_1, N, D, 4)
     rng = np.random.default_rng(5)
