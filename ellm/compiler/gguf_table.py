@@ -4,6 +4,7 @@ the file and overlapping no other tensor's."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,10 +39,7 @@ def tensor_bytes(path: Path, name: str, dims: list[int], type_id: int) -> int:
         raise GGUFError(f"{path}: tensor {name} has dimensions {dims} (each must be 1 .. 2^40)")
     if dims[0] % block:
         raise GGUFError(f"{path}: tensor {name}: rows of {dims[0]} values are not whole blocks of {block}")
-    n = 1
-    for d in dims:
-        n *= d
-    return n // block * type_size
+    return math.prod(dims) // block * type_size  # Python integers: exact
 
 
 def check_table(path: Path, reader, file_size: int) -> dict[str, TensorInfo]:
@@ -60,11 +58,7 @@ def check_table(path: Path, reader, file_size: int) -> dict[str, TensorInfo]:
         if offset < start or offset + nbytes > file_size:
             raise GGUFError(f"{path} is truncated or corrupt: tensor {t.name} needs bytes {offset} .. {offset + nbytes} "
                             f"but the file has {file_size}")
-        cols = dims[0]
-        rows = 1
-        for d in dims[1:]:
-            rows *= d
-        out[t.name] = TensorInfo(t.name, int(t.tensor_type), rows, cols, len(dims), offset, nbytes)
+        out[t.name] = TensorInfo(t.name, int(t.tensor_type), math.prod(dims[1:]), dims[0], len(dims), offset, nbytes)
     spans = sorted((i.offset, i.offset + i.nbytes, i.name) for i in out.values() if i.nbytes)
     for (a0, a1, a), (b0, _, b) in zip(spans, spans[1:]):
         if b0 < a1:

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import ContextOverflowError, EllmError
 from ..runtime.sampling import Sampler, SamplingConfig
+from ..runtime.limits import context_size
 from ..runtime.state import Emitter, GenerationStats
 from . import ccl, worker
 from .build import read_group
@@ -62,9 +63,7 @@ class ParallelEngine:
         self.config = self.group.config
         rank0 = Artifact.open(self.group.rank_dir(0))  # checks the CPU and the files before any worker starts
         self.tokenizer = rank0.tokenizer()
-        if ctx_size is not None and int(ctx_size) < 1:  # None, not 0, means the trained context
-            raise EllmError(f"ctx_size must be at least 1, got {ctx_size}")
-        self.ctx_size = int(ctx_size if ctx_size is not None else self.config.ctx_train)
+        self.ctx_size = context_size(ctx_size, self.config.ctx_train)
         self.max_chunk = int(rank0.manifest["max_chunk"])
         self.cpus = rank_cpus(self.world, cpus)
         self.tokens: list[int] = []

@@ -17,7 +17,7 @@ from ..kv.attention import AttentionConfig
 from ..speculative.config import SpeculativeConfig
 from .artifact import Artifact
 from .hugepages import huge_arrays
-from .limits import check_context
+from .limits import check_context, context_size
 from .rope import rope_table
 from .state import Emitter, GenerationStats, _Cache  # noqa: F401 (GenerationStats: the engine's API)
 from .sampling import Sampler, SamplingConfig
@@ -60,9 +60,7 @@ class Engine:
                                         kernels=artifact.target["kernels"], log=log)
         self.threads = self.placement.n_threads  # physical cores, not SMT siblings (numa/threadmap.py)
         self._cpus = self.placement.cpus  # [task] -> CPU, or None: TVM's own pinning
-        if ctx_size is not None and int(ctx_size) < 1:  # None, not 0, means the trained context
-            raise EllmError(f"ctx_size must be at least 1, got {ctx_size}")
-        self.ctx_size = int(ctx_size if ctx_size is not None else cfg.ctx_train)
+        self.ctx_size = context_size(ctx_size, cfg.ctx_train)
         private = 0 if (self.placement.options.mmap or not huge_pages) else sum(p["nbytes"] for p in artifact.param_records())
         check_context(cfg, artifact.kv_plan, self.ctx_size, private, available_memory(), log)
         max_chunk = int(artifact.manifest["max_chunk"])

@@ -15,6 +15,13 @@ from ..kv.plan import KVPlan
 ROPE_BYTES = 8 * 2 + 4
 
 
+def context_size(ctx_size: int | None, ctx_train: int) -> int:
+    """The context an engine allocates: `ctx_size` (at least 1), or the trained context where it is None."""
+    if ctx_size is not None and int(ctx_size) < 1:  # None, not 0, means the trained context
+        raise EllmError(f"ctx_size must be at least 1, got {ctx_size}")
+    return int(ctx_size if ctx_size is not None else ctx_train)
+
+
 def context_bytes(cfg: ModelConfig, kv: KVPlan, ctx: int) -> dict[str, int]:
     """Bytes a context of `ctx` tokens allocates: the KV state and the RoPE table (at its peak)."""
     return {"kv": kv.nbytes(ctx), "rope": ctx * cfg.rope_dim * ROPE_BYTES}

@@ -4,6 +4,7 @@ offset, size, dtype and shape consistent and inside the weights file. Each failu
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -76,9 +77,7 @@ def _check_param(path: Path, i: int, p: dict) -> None:
     shape = p["shape"]
     if not all(isinstance(d, int) and not isinstance(d, bool) and 0 < d < 1 << 40 for d in shape):
         raise ArtifactError(f"{where} has shape {shape}")
-    n = int(np.dtype(p["dtype"]).itemsize)
-    for d in shape:
-        n *= d
+    n = int(np.dtype(p["dtype"]).itemsize) * math.prod(shape)
     if p["nbytes"] != n or p["offset"] < 0:
         raise ArtifactError(f"{where}: {p['nbytes']} bytes at offset {p['offset']} for shape {shape} of {p['dtype']}")
 
