@@ -59,13 +59,15 @@ def test_bad_metadata_is_one_line_naming_the_key(good, tmp_path, changes, messag
     assert "\n" not in str(e.value) and str(bad) in str(e.value) or "past the" in str(e.value)
 
 
-# sizes that do not match the data (huge, wrapping or zero dimensions, partial blocks) fail the gguf reader's own
-# shape checks first, which the loader turns into one line; alignment and overlap are the loader's own checks
+# sizes that do not match the data (huge, wrapping or zero dimensions, partial blocks), misaligned or out-of-file
+# data: the loader's own checks (gguf_header.py, gguf_table.py), before any view of the data is made
 TABLE = [
-    (dict(dims=[64, 1 << 41]), "is truncated or corrupt"),
-    (dict(dims=[64, 320 + (1 << 58)]), "is truncated or corrupt"),  # 64 x that wraps to the true element count
-    (dict(dims=[0, 64]), "bad.gguf"),
-    (dict(dims=[48, 64]), "bad.gguf"),
+    (dict(dims=[64, 1 << 41]), r"has dimensions \[64, 2199023255552\] \(each must be 1 .. 2\^40\)"),
+    (dict(dims=[64, 320 + (1 << 58)]), "each must be 1 .. 2"),  # 64 x that wraps to the true element count
+    (dict(dims=[1 << 40, 1 << 40]), "overflow 64-bit sizes"),
+    (dict(dims=[64, 1 << 30]), "is truncated or corrupt: tensor token_embd.weight needs bytes"),
+    (dict(dims=[0, 64]), "has dimensions \\[0, 64\\]"),
+    (dict(dims=[48, 64]), "rows of 48 values are not whole blocks of 32"),
     (dict(offset=8), "is not aligned to 32 bytes"),
     (dict(offset=1 << 40), "is truncated or corrupt"),
 ]

@@ -11,9 +11,10 @@ import numpy as np
 
 from ..errors import GGUFError
 from ..quant import QuantType, WeightFormat, format_of
+from .gguf_header import MAGIC, Field, parse_header
 from .gguf_table import TensorInfo, check_table
 
-GGUF_MAGIC = b"GGUF"
+GGUF_MAGIC = MAGIC
 
 __all__ = ["GGUFFile", "TensorInfo", "GGUF_MAGIC"]
 
@@ -24,8 +25,6 @@ class GGUFFile:
     """A validated GGUF file: metadata as Python values and raw tensor bytes as read-only views."""
 
     def __init__(self, path: str | Path):
-        import gguf
-
         self.path = Path(path)
         try:
             with open(self.path, "rb") as f:
@@ -34,23 +33,18 @@ class GGUFFile:
             raise GGUFError(f"cannot read {self.path}: {e.strerror}") from None
         if magic != GGUF_MAGIC:
             raise GGUFError(f"{self.path} is not a GGUF file (magic bytes {magic!r}, expected {GGUF_MAGIC!r})")
-        try:
-            self._reader = gguf.GGUFReader(self.path, "r")
-        except Exception as e:  # the reader raises ValueError/IndexError/... on damaged files
-            raise GGUFError(f"{self.path} is truncated or corrupt: {type(e).__name__}: {e}") from None
-        self.file_size = self.path.stat().st_size
-        self.tensors: dict[str, TensorInfo] = check_table(self.path, self._reader, self.file_size)
-        self._metadata = {k: f for k, f in self._reader.fields.items()}
+        self._data = np.memmap(self.path, dtype=np.uint8, mode="r")  # read-only: views can never write the file
+        self.file_size = int(self._data.size)
+        header = parse_header(memoryview(self._data), self.path)
+        self.version = header.version
+        self.alignment = header.alignment
+        self.tensors: dict[str, TensorInfo] = check_table(self.path, header, self.file_size)
+        self._metadata: dict[str, Field] = header.fields
 
     # --- metadata -------------------------------------------------------------------------
     def get(self, key: str, default: Any = None) -> Any:
         field = self._metadata.get(key)
-        if field is None:
-            return default
-        try:
-            return field.contents()
-        except Exception as e:
-            raise GGUFError(f"{self.path}: metadata key {key} is unreadable: {e}") from None
+        return default if field is None else field.contents()
 
     def require(self, key: str) -> Any:
         value = self.get(key)
@@ -60,14 +54,14 @@ class GGUFFile:
 
     # --- typed metadata: a value of the wrong type is refused with its key's name ----------------
     def _typed(self, key: str, default: Any, want: str) -> Any:
-        """The value of `key` if it is of kind `want` (value_kind; integers pass for floats), else `default`
+        """The value of `key` if it is of kind `want` (Field.kind; integers pass for floats), else `default`
         where the key is absent; a missing required key or a value of another kind is refused."""
         field = self._metadata.get(key)
         if field is None:
             if default is _MISSING:
                 raise GGUFError(f"{self.path}: required metadata key {key} is missing")
             return default
-        have = value_kind(field.types)
+        have = field.kind
         if have != want and not (want.endswith("float") and have == want[: -len("float")] + "int"):
             raise GGUFError(f"{self.path}: metadata key {key} should be {described(want)}, is {described(have)}")
         return self.get(key)
@@ -124,7 +118,7 @@ class GGUFFile:
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes as a read-only [rows, row_bytes] uint8 view of the memory-mapped file."""
         info = self.info(name)
-        flat = self._reader.data[info.offset : info.offset + info.nbytes]
+        flat = self._data[info.offset : info.offset + info.nbytes]
         return flat.reshape(info.rows, -1)
 
     def vector(self, name: str) -> np.ndarray:
@@ -147,22 +141,6 @@ class GGUFFile:
             for chunk in iter(lambda: f.read(1 << 22), b""):
                 h.update(chunk)
         return h.hexdigest()
-
-
-def value_kind(types: list) -> str:
-    """A metadata field's kind from its GGUF value types: int, float, bool, string or "array of <kind>"."""
-    from gguf import GGUFValueType as V
-
-    def scalar(t) -> str:
-        if t in (V.UINT8, V.INT8, V.UINT16, V.INT16, V.UINT32, V.INT32, V.UINT64, V.INT64):
-            return "int"
-        return {V.FLOAT32: "float", V.FLOAT64: "float", V.BOOL: "bool", V.STRING: "string"}.get(t, "unknown")
-
-    if not types:
-        return "unknown"
-    if types[0] == V.ARRAY:
-        return "array of " + (scalar(types[1]) if len(types) > 1 else "nothing")
-    return scalar(types[0])
 
 
 ARTICLE = {"int": "an integer", "float": "a number", "bool": "a boolean", "string": "a string"}

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import GGUFError
+from .gguf_header import Header
 
 # A dimension past this is no model's: it bounds the arithmetic below and names the tensor that is wrong.
 MAX_DIM = 1 << 40
@@ -42,23 +43,20 @@ def tensor_bytes(path: Path, name: str, dims: list[int], type_id: int) -> int:
     return math.prod(dims) // block * type_size  # Python integers: exact
 
 
-def check_table(path: Path, reader, file_size: int) -> dict[str, TensorInfo]:
-    """The reader's tensors as TensorInfo, each checked: exact size, alignment, bounds, no overlap."""
-    align = int(getattr(reader, "alignment", 32))
-    start = int(getattr(reader, "data_offset", 0))
+def check_table(path: Path, header: Header, file_size: int) -> dict[str, TensorInfo]:
+    """The header's tensors as TensorInfo, each checked: exact size, alignment, bounds, no overlap."""
     out: dict[str, TensorInfo] = {}
-    for t in reader.tensors:
-        dims = [int(x) for x in t.shape.tolist()]
-        nbytes = tensor_bytes(path, t.name, dims, int(t.tensor_type))
-        if int(t.n_bytes) != nbytes:
-            raise GGUFError(f"{path}: tensor {t.name}: dimensions {dims} overflow 64-bit sizes")
-        offset = int(t.data_offset)
-        if (offset - start) % align:
-            raise GGUFError(f"{path}: tensor {t.name}'s data at {offset - start} is not aligned to {align} bytes")
-        if offset < start or offset + nbytes > file_size:
+    for t in header.tensors:
+        nbytes = tensor_bytes(path, t.name, list(t.dims), t.type_id)
+        if nbytes >= 1 << 63:
+            raise GGUFError(f"{path}: tensor {t.name}: dimensions {list(t.dims)} overflow 64-bit sizes")
+        if t.offset % header.alignment:
+            raise GGUFError(f"{path}: tensor {t.name}'s data at {t.offset} is not aligned to {header.alignment} bytes")
+        offset = header.data_offset + t.offset
+        if offset + nbytes > file_size:
             raise GGUFError(f"{path} is truncated or corrupt: tensor {t.name} needs bytes {offset} .. {offset + nbytes} "
                             f"but the file has {file_size}")
-        out[t.name] = TensorInfo(t.name, int(t.tensor_type), math.prod(dims[1:]), dims[0], len(dims), offset, nbytes)
+        out[t.name] = TensorInfo(t.name, t.type_id, math.prod(t.dims[1:]), t.dims[0], len(t.dims), offset, nbytes)
     spans = sorted((i.offset, i.offset + i.nbytes, i.name) for i in out.values() if i.nbytes)
     for (a0, a1, a), (b0, _, b) in zip(spans, spans[1:]):
         if b0 < a1:

@@ -138,23 +138,28 @@ def build_from_gguf(gf):
     bad = [k for k, v in special.items() if v is not None and v >= len(tokens)]
     if bad:
         raise GGUFError(f"{gf.path}: tokenizer.ggml.{bad[0]}_token_id {special[bad[0]]} is past the {len(tokens)} tokens")
-    if model == "gpt2":
-        merges = gf.get_array("tokenizer.ggml.merges", "string", None)
-        if merges is None:
-            raise GGUFError(f"{gf.path}: BPE tokenizer without tokenizer.ggml.merges")
-        tok = _bpe_gpt2(tokens, types, merges, gf.get_str("tokenizer.ggml.pre", "default").replace("default", "gpt2"))
-        default_bos = False
-    elif model == "llama":
-        scores = gf.get_array("tokenizer.ggml.scores", "float", None) or [0.0] * len(tokens)
-        if len(scores) != len(tokens):
-            raise GGUFError(f"{gf.path}: {len(scores)} token scores for {len(tokens)} tokens (tokenizer.ggml.scores)")
-        tok = _bpe_spm(tokens, types, scores, gf.get_bool("tokenizer.ggml.add_space_prefix", True), special["unknown"])
-        default_bos = True
-    else:
-        raise GGUFError(f"unsupported tokenizer model {model!r} (supported: gpt2, llama)")
-    added = _added_tokens(tokens, types)
-    tok.add_special_tokens([a for _, a in added if a.special])
-    tok.add_tokens([a for _, a in added if not a.special])
+    try:  # the `tokenizers` library raises a bare Exception for a vocabulary it cannot build (a merge of unknown tokens)
+        if model == "gpt2":
+            merges = gf.get_array("tokenizer.ggml.merges", "string", None)
+            if merges is None:
+                raise GGUFError(f"{gf.path}: BPE tokenizer without tokenizer.ggml.merges")
+            tok = _bpe_gpt2(tokens, types, merges, gf.get_str("tokenizer.ggml.pre", "default").replace("default", "gpt2"))
+            default_bos = False
+        elif model == "llama":
+            scores = gf.get_array("tokenizer.ggml.scores", "float", None) or [0.0] * len(tokens)
+            if len(scores) != len(tokens):
+                raise GGUFError(f"{gf.path}: {len(scores)} token scores for {len(tokens)} tokens (tokenizer.ggml.scores)")
+            tok = _bpe_spm(tokens, types, scores, gf.get_bool("tokenizer.ggml.add_space_prefix", True), special["unknown"])
+            default_bos = True
+        else:
+            raise GGUFError(f"{gf.path}: unsupported tokenizer model {model!r} (supported: gpt2, llama)")
+        added = _added_tokens(tokens, types)
+        tok.add_special_tokens([a for _, a in added if a.special])
+        tok.add_tokens([a for _, a in added if not a.special])
+    except Exception as e:
+        if type(e) is not Exception:  # ours (GGUFError), or a bug: not the library's refusal
+            raise
+        raise GGUFError(f"{gf.path}: its tokenizer cannot be built from the vocabulary: {e}") from None
 
     bos, eos = special["bos"], special["eos"]
     eog = {x for x in (eos, special["eot"], special["eom"]) if x is not None}
@@ -277,6 +282,8 @@ class Tokenizer:
             )
         except TemplateError as e:
             raise GGUFError(f"chat template failed: {e}") from None
+        except Exception as e:  # the template is the model file's: 1/0, "a" + 1, ... are its errors, not ours
+            raise GGUFError(f"chat template failed: {type(e).__name__}: {e}") from None
 
     def info_json(self) -> str:
         return json.dumps(self.info.to_dict())
