@@ -77,7 +77,7 @@ def mutated(draw, good: Spec) -> tuple[bytes, list[str]]:
         elif op in ("dims", "ndims", "ttype", "offset", "tdrop", "tname") and s.tensors:
             i = draw(st.integers(0, len(s.tensors) - 1))
             name, dims, type_id, offset = s.tensors[i]
-            if op == "dims":
+            if op == "dims" and dims:
                 dims = list(dims)
                 dims[draw(st.integers(0, len(dims) - 1))] = draw(INTS)
             elif op == "ndims":

@@ -47,17 +47,23 @@ class Artifact:
     def __init__(self, path: Path, manifest: dict[str, Any], target: dict[str, Any] | None = None):
         self.path = path
         self.manifest = manifest
-        try:
-            self.config = ModelConfig.from_dict(manifest["config"])
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise ArtifactError(f"{path}: manifest config is damaged ({type(e).__name__}: {e}); recompile it") from None
+        self.config = self._part("config", ModelConfig.from_dict)
         self.targets: list[dict[str, Any]] = manifest["targets"]
         self.target = target or self.targets[0]  # the target whose kernels run
+
+    def _part(self, key: str, build):
+        """`build(manifest[key])`, where a damaged part is one line naming it."""
+        try:
+            return build(self.manifest[key])
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
+            raise ArtifactError(f"{self.path}: manifest {key} is damaged ({type(e).__name__}: {e}); recompile it") from None
 
     # --- opening and verification ------------------------------------------------------------
     def attention(self) -> AttentionConfig:
         """The read budget the artifact was planned for (its manifest's; older artifacts: the default)."""
-        return AttentionConfig.from_dict(self.manifest.get("attention", {}))
+        if "attention" not in self.manifest:
+            return AttentionConfig.from_dict({})
+        return self._part("attention", AttentionConfig.from_dict)
 
     @classmethod
     def open(cls, path: str | Path, verify: bool = True, check_cpu: bool = True, target: str | None = None) -> Artifact:
@@ -164,13 +170,10 @@ class Artifact:
         """The KV cache plan (kv/plan.py) the kernels were compiled for."""
         from ..kv.plan import KVPlan
 
-        try:
-            return KVPlan.from_dict(self.manifest["kv_cache"])
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise ArtifactError(f"{self.path}: manifest kv_cache is damaged ({type(e).__name__}: {e}); recompile it") from None
+        return self._part("kv_cache", KVPlan.from_dict)
 
     def tokenizer(self) -> Tokenizer:
-        return Tokenizer.load(self.path / TOKENIZER, TokenizerInfo.from_dict(self.manifest["tokenizer"]))
+        return Tokenizer.load(self.path / TOKENIZER, self._part("tokenizer", TokenizerInfo.from_dict))
 
     def param_records(self) -> list[dict]:
         """The chosen target's parameter records (manifest entries), in the order its kernels take them."""
@@ -183,8 +186,9 @@ class Artifact:
         offset in the file. `place(mapped bytes, records) -> bytes`: where a NUMA placement reads them in
         instead (numa/placement.py)."""
         params = self.params
-        mm = np.memmap(self.path / WEIGHTS, dtype=np.uint8, mode="c")
-        check_params_in_file(self.path, params, mm.size, PAGE)
+        size = (self.path / WEIGHTS).stat().st_size
+        check_params_in_file(self.path, params, size, PAGE)
+        mm = np.memmap(self.path / WEIGHTS, dtype=np.uint8, mode="c") if size else np.zeros(0, np.uint8)
         if place is not None:
             mm = place(mm, self.param_records())
         elif huge_pages:
@@ -200,6 +204,14 @@ class Artifact:
                 raise ArtifactError(f"{self.path}: parameter {p.name} in {WEIGHTS} does not match its checksum: the "
                                     "artifact is corrupt or was modified; recompile it")
         return [v.view(np.dtype(p.dtype)).reshape(p.shape) for p, v in zip(params, views)]
+
+    def entry(self, vm, name: str):
+        """The kernels file's function `name` (a manifest entry), which it must have."""
+        try:
+            return vm[name]
+        except (AttributeError, ValueError):
+            raise ArtifactError(f"{self.path}: the kernels file {self.target['kernels_file']} has no function "
+                                f"{name}: the artifact is damaged; recompile it") from None
 
     def load_module(self):
         import tvm

@@ -77,7 +77,7 @@ class Engine:
             request_amx_permission()
 
         self._vm = relax.VirtualMachine(artifact.load_module(), tvm.cpu())
-        self._fn = {e["name"]: self._vm[e["name"]] for e in artifact.manifest["entries"]}
+        self._fn = {e["name"]: artifact.entry(self._vm, e["name"]) for e in artifact.manifest["entries"]}
         if self.placement.options.mmap or not huge_pages:
             place = lambda mm, recs: self.placement.keep_mapped(mm, log)  # noqa: E731
         else:

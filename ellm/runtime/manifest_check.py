@@ -16,8 +16,11 @@ PARAM_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "float16"
 
 # key -> type of the manifest's top level (what Artifact and the engine read)
 TOP = {"config": dict, "targets": list, "params": list, "files": dict, "kv_cache": dict, "tokenizer": dict,
-       "entries": list, "max_chunk": int, "max_verify": int}
-TARGET = {"preset": str, "required_cpu_features": list, "kernels_file": str, "params": list, "kernels": list}
+       "entries": list, "max_chunk": int, "max_verify": int, "source": dict}
+TARGET = {"preset": str, "isa": str, "required_cpu_features": list, "kernels_file": str, "params": list,
+          "kernels": list, "activations": dict, "decode_weight_bytes": int}
+ENTRY = {"name": str}  # a function of the kernels file the engine calls
+OPTIONAL = {"numa": dict, "attention": dict}  # absent or null where the artifact has none
 PARAM = {"name": str, "dtype": str, "shape": list, "offset": int, "nbytes": int, "sha256": str}
 
 
@@ -49,6 +52,16 @@ def plain_name(path: Path, name: Any, what: str) -> str:
 def check_manifest(path: Path, m: dict) -> None:
     """Everything the loader reads, typed; file names plain; parameters inside the weights file."""
     _typed("", m, TOP, path)
+    for key, want in OPTIONAL.items():
+        if m.get(key) is not None and not isinstance(m[key], want):
+            raise ArtifactError(f"{path}: manifest {key} should be {want.__name__}, is {type(m[key]).__name__}")
+    for key in ("max_chunk", "max_verify"):
+        if m[key] < 1:
+            raise ArtifactError(f"{path}: manifest {key} is {m[key]}, must be at least 1")
+    for i, e in enumerate(m["entries"]):
+        _typed(f"entries[{i}].", e, ENTRY, path)
+        if not e["name"].isidentifier():
+            raise ArtifactError(f"{path}: manifest entries[{i}].name {e['name']!r} is not a function name")
     for name, digest in m["files"].items():
         plain_name(path, name, "file")
         if not is_digest(digest):
@@ -58,6 +71,10 @@ def check_manifest(path: Path, m: dict) -> None:
     n_params = len(m["params"])
     for i, t in enumerate(m["targets"]):
         _typed(f"targets[{i}].", t, TARGET, path)
+        if not all(isinstance(f, str) for f in t["required_cpu_features"]):
+            raise ArtifactError(f"{path}: manifest targets[{i}].required_cpu_features should hold names only")
+        if not all(isinstance(k, dict) for k in t["kernels"]):
+            raise ArtifactError(f"{path}: manifest targets[{i}].kernels should hold objects only")
         plain_name(path, t["kernels_file"], "kernels file")
         if t["kernels_file"] not in m["files"]:
             raise ArtifactError(f"{path}: kernels file {t['kernels_file']} has no checksum in the manifest")

@@ -143,6 +143,10 @@ def build_from_gguf(gf):
             merges = gf.get_array("tokenizer.ggml.merges", "string", None)
             if merges is None:
                 raise GGUFError(f"{gf.path}: BPE tokenizer without tokenizer.ggml.merges")
+            bad = next((i for i, m in enumerate(merges) if not all(m.partition(" ")[::2])), None)
+            if bad is not None:
+                raise GGUFError(f"{gf.path}: tokenizer.ggml.merges[{bad}] {merges[bad][:40]!r} is not two tokens "
+                                "joined by a space")
             tok = _bpe_gpt2(tokens, types, merges, gf.get_str("tokenizer.ggml.pre", "default").replace("default", "gpt2"))
             default_bos = False
         elif model == "llama":
