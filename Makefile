@@ -4,7 +4,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ellm-installed
 
-.PHONY: install test test-slow demo bench clean
+.PHONY: install test test-slow demo bench fuzz clean
 
 install: $(STAMP)
 
@@ -25,6 +25,16 @@ test-slow: install
 
 demo: install
 	$(VENV)/bin/ellm demo
+
+# coverage-guided fuzzing of the loaders (fuzz/README.md); atheris is not needed by the tests
+FUZZ_RUNS ?= 100000
+FUZZ_WORK ?= /tmp/ellm-fuzz-corpus
+fuzz: install
+	$(PY) -m pip install --quiet atheris
+	test -f fuzz/artifact/manifest.json || $(VENV)/bin/ellm compile fuzz/corpus/gguf/tiny-gpt2.gguf -o fuzz/artifact
+	for h in gguf manifest chat; do mkdir -p $(FUZZ_WORK)/$$h && \
+	  $(PY) fuzz/fuzz_$$h.py $(FUZZ_WORK)/$$h fuzz/corpus/$$h -max_len=65536 -timeout=20 -runs=$(FUZZ_RUNS) \
+	    -print_final_stats=1 || exit 1; done
 
 bench: install
 	$(PY) bench/decode_context.py

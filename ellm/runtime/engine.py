@@ -232,9 +232,12 @@ class Engine:
                 f"{pos + len(ids)} tokens do not fit in the context of {self.ctx_size} tokens (use --ctx-size to enlarge it)"
             )
         attn = self._attn_dense if dense else self._attn
-        out = self._fn[entry](tvm.runtime.tensor(ids) if x is None else x, pos, self._rope, self._kv, attn, self._params)
-        self._cache.tokens.extend(int(i) for i in ids)
+        # Interrupt-safe bookkeeping (Ctrl-C lands between any two bytecodes, or ends the call): the ring slots
+        # the step may overwrite are recorded before it runs, its tokens only after it returned, in one C call.
+        # An interrupted step leaves the cache at `pos`, with the ring marked as if the step had run.
         self._cache.hi_block = max(self._cache.hi_block, (pos + len(ids) - 1) // self.kv_plan.block)
+        out = self._fn[entry](tvm.runtime.tensor(ids) if x is None else x, pos, self._rope, self._kv, attn, self._params)
+        self._cache.tokens.extend(ids.tolist())
         # a view of the logits, no copy: the VM writes each step's output into a new tensor, kept alive by the view
         return np.from_dlpack(out)
 
@@ -257,10 +260,10 @@ class Engine:
         for start in range(0, len(arr), self.prefill_chunk):
             chunk = arr[start : start + self.prefill_chunk]
             outs.append(self._step("prefill_all" if all_logits else "prefill", chunk, dense))
+            if exact:  # chunk by chunk: an interrupted prefill keeps what it wrote reusable, bit for bit
+                self._cache.exact = self.n_cached
             if progress:
                 progress(start + len(chunk), len(arr))
-        if exact:
-            self._cache.exact = self.n_cached
         return np.concatenate(outs, axis=0) if all_logits else outs[-1][0]
 
     def decode(self, token: int) -> np.ndarray:
