@@ -255,3 +255,30 @@ def test_a_tampered_manifest_is_one_line_before_any_kernel_runs(tmp_path, tiny_a
     else:
         art = _tampered_manifest(tmp_path, tiny_artifact, edit)
     assert_user_error(ellm("run", art, "-p", "hi", "-n", "1"), message)
+
+
+@pytest.mark.parametrize("ctx", ["a,b", "512,-1", "0"])
+def test_bench_contexts_are_checked_before_anything_is_compiled(tmp_path, ctx):
+    # ELLM_CACHE empty: a check made after the default artifact's compile would take minutes, not this
+    p = ellm("bench", "--ctx", ctx, env={"ELLM_CACHE": str(tmp_path / "cache")})
+    assert_user_error(p, "--ctx takes comma-separated positive integers", repr(ctx))
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("manifest.json"))
+
+
+def test_weights_changed_after_the_checks_are_refused_when_mapped(tmp_path, tiny_artifact):
+    """What is verified is what is mapped: a parameter byte changed between opening (file checks) and mapping
+    is caught on the mapped bytes themselves."""
+    from ellm.errors import ArtifactError
+    from ellm.runtime.artifact import Artifact
+
+    art_dir = tmp_path / "art"
+    shutil.copytree(tiny_artifact, art_dir)
+    art = Artifact.open(art_dir)
+    p = art.params[0]
+    with open(art_dir / "weights.bin", "r+b") as f:
+        f.seek(p.offset)
+        byte = f.read(1)[0]
+        f.seek(p.offset)
+        f.write(bytes([byte ^ 0x40]))
+    with pytest.raises(ArtifactError, match=f"parameter {p.name} in weights.bin does not match its checksum"):
+        art.map_params()

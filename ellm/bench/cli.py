@@ -58,10 +58,15 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from ..runtime.artifact import Artifact
 
     log = lambda s: print(s, file=sys.stderr)  # noqa: E731
-    artifact = Path(a.artifact) if a.artifact else cached_artifact(log=log)
+    # every option checked before the default artifact is compiled (minutes) or opened
+    ctxs = _ints(a.ctx or ("2048,8000" if a.spec else "512,2048,8000"), "--ctx")
     vs = a.vs.lower() if a.vs else None
     if vs not in (None, "llama.cpp"):
         raise EllmError(f"--vs supports llama.cpp, not {a.vs!r}")
+    split = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
+    flash = [{"on": True, "off": False}[f] if f in ("on", "off") else _bad_flash(f) for f in split(a.llama_fa)]
+    llama = llama_configs(split(a.llama_build), split(a.llama_kv), flash) if vs else ()
+    artifact = Path(a.artifact) if a.artifact else cached_artifact(log=log)
     model = Path(a.model) if a.model else resolve_model(None)
     if a.artifact and not a.model:
         source = Artifact.open(artifact, verify=False).manifest["source"]["file"]
@@ -69,13 +74,10 @@ def cmd_bench(a: argparse.Namespace) -> int:
             if vs:
                 raise EllmError(f"the artifact was compiled from {source}; pass --model with that GGUF for llama.cpp")
             model = Path(source)  # only eLLM runs: the GGUF itself is not read, its name labels the report
-    split = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
-    flash = [{"on": True, "off": False}[f] if f in ("on", "off") else _bad_flash(f) for f in split(a.llama_fa)]
-    llama = llama_configs(split(a.llama_build), split(a.llama_kv), flash) if vs else ()
     if a.spec:
-        return _bench_spec(a, artifact, model, llama, log)
+        return _bench_spec(a, artifact, model, ctxs, llama, log)
     cfg = BenchConfig(
-        artifact=artifact, model=model, ctxs=_ints(a.ctx or "512,2048,8000", "--ctx"), gen=a.gen or 64, warmup=a.warmup,
+        artifact=artifact, model=model, ctxs=ctxs, gen=a.gen or 64, warmup=a.warmup,
         repeat=a.repeat, rounds=a.rounds, threads=a.threads or default_threads(), llama=llama, target=a.target,
         attention=attention_overrides(a), rope_scaling=rope_scaling_option(a),
         others=tuple(Path(p) for p in split(a.compare or "")),
@@ -92,12 +94,15 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:
     try:
-        return tuple(int(c) for c in text.split(",") if c.strip())
+        values = tuple(int(c) for c in text.split(",") if c.strip())
     except ValueError:
-        raise EllmError(f"{flag} takes comma-separated integers, got {text!r}") from None
+        values = ()
+    if not values or min(values) < 1:
+        raise EllmError(f"{flag} takes comma-separated positive integers, got {text!r}")
+    return values
 
 
-def _bench_spec(a: argparse.Namespace, artifact: Path, model: Path, llama, log) -> int:
+def _bench_spec(a: argparse.Namespace, artifact: Path, model: Path, ctxs: tuple[int, ...], llama, log) -> int:
     from .spec import SpecBenchConfig, format_spec_table, run_spec_bench
     from .spec_tasks import TASKS
 
@@ -109,7 +114,7 @@ def _bench_spec(a: argparse.Namespace, artifact: Path, model: Path, llama, log) 
             raise EllmError(f"unknown task(s) {', '.join(sorted(unknown))} (tasks: {', '.join(t.name for t in TASKS)})")
     lc = llama[0] if llama else None
     cfg = SpecBenchConfig(
-        artifact=artifact, model=model, ctxs=_ints(a.ctx or "2048,8000", "--ctx"), gen=a.gen or 256, chain=a.chain,
+        artifact=artifact, model=model, ctxs=ctxs, gen=a.gen or 256, chain=a.chain,
         drafters=tuple(d.strip() for d in a.draft.split(",") if d.strip()),
         draft_model=Path(a.draft_model) if a.draft_model else None,
         rounds=a.rounds, threads=a.threads or default_threads(), tasks=a.tasks,
