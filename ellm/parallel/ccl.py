@@ -91,6 +91,11 @@ class Communicator:
             start += w
 
 
+# how long the ranks of a TCP group wait for each other to connect: apart from a collective's timeout, since
+# they are processes still starting (importing TVM, opening their artifacts), seconds apart on a loaded machine
+ASSEMBLE_S = 60.0
+
+
 def connect(spec: str, rank: int, world: int, slot_bytes: int, timeout_s: float) -> Communicator:
     """Rank `rank`'s end of the group `spec`: "shm:PATH" (a segment from create_segment, one machine) or
     "tcp:HOST:PORT,..." (one address per rank, machines anywhere)."""
@@ -105,7 +110,7 @@ def connect(spec: str, rank: int, world: int, slot_bytes: int, timeout_s: float)
         addresses = parse_addresses(where)
         if len(addresses) != world:
             raise ValueError(f"{len(addresses)} addresses for {world} ranks")
-        return TcpCommunicator(addresses, rank, timeout_s)
+        return TcpCommunicator(addresses, rank, timeout_s, assemble_s=max(timeout_s, ASSEMBLE_S))
     raise ValueError(f"unknown transport {kind!r} (shm or tcp)")
 
 

@@ -45,12 +45,14 @@ def free_local_addresses(n: int) -> str:
 
 
 class TcpCommunicator(Communicator):
-    def __init__(self, addresses: list[tuple[str, int]], rank: int, timeout_s: float):
+    def __init__(self, addresses: list[tuple[str, int]], rank: int, timeout_s: float, assemble_s: float | None = None):
+        """`timeout_s`: a collective's wait for its peers; `assemble_s` (default: the same): the connections'."""
         self.rank, self.world, self.timeout_s = rank, len(addresses), timeout_s
+        assemble_s = timeout_s if assemble_s is None else assemble_s
         self.traffic = Traffic()
         self._error: str | None = None
         self._peers: dict[int, socket.socket] = {}
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + assemble_s
         listener = socket.create_server(addresses[rank], reuse_port=False)
         try:
             for r in range(rank):  # connect to every lower rank, retrying while it starts
@@ -63,7 +65,7 @@ class TcpCommunicator(Communicator):
                 self._peers[int(peer)] = conn
         except OSError as e:
             self.close()
-            raise RuntimeError(f"rank {rank}: the group did not assemble within {timeout_s:g} s ({e})") from e
+            raise RuntimeError(f"rank {rank}: the group did not assemble within {assemble_s:g} s ({e})") from e
         finally:
             listener.close()
         for s in self._peers.values():
