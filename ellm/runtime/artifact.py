@@ -61,7 +61,7 @@ class Artifact:
     # --- opening and verification ------------------------------------------------------------
     def attention(self) -> AttentionConfig:
         """The read budget the artifact was planned for (its manifest's; older artifacts: the default)."""
-        if "attention" not in self.manifest:
+        if self.manifest.get("attention") is None:
             return AttentionConfig.from_dict({})
         return self._part("attention", AttentionConfig.from_dict)
 
