@@ -224,9 +224,10 @@ def generate_and_report(eng, text: str, a: argparse.Namespace, load_s: float | N
         sys.stdout.write(pieces[-1] + "\n")
         spec = (f" ({st.verify_steps} chains: {100 * st.accept_rate:.0f}% of drafted tokens accepted, "
                 f"{st.mean_accepted:.1f} a chain, {st.steps_saved} steps saved)" if st.verify_steps else "")
+        decode = f"decode {st.decode_tokens} tokens: {st.decode_tok_s:.1f} tok/s" if st.decode_tokens else "no decode steps"
         print(
             f"[prompt {st.prompt_tokens} tokens: prefill {st.prefill_tok_s:.1f} tok/s, first token {st.ttft_s:.2f} s | "
-            f"decode {st.decode_tokens} tokens: {st.decode_tok_s:.1f} tok/s{spec} | stop: {st.stop_reason} | "
+            f"{decode}{spec} | stop: {st.stop_reason} | "
             f"{describe_target(eng.artifact)}]",
             file=sys.stderr,
         )

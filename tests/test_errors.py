@@ -282,3 +282,8 @@ def test_weights_changed_after_the_checks_are_refused_when_mapped(tmp_path, tiny
         f.write(bytes([byte ^ 0x40]))
     with pytest.raises(ArtifactError, match=f"parameter {p.name} in weights.bin does not match its checksum"):
         art.map_params()
+
+
+def test_one_new_token_reports_no_decode_rate(tiny_artifact):
+    p = ellm("run", tiny_artifact, "-p", "hi", "-n", "1")
+    assert p.returncode == 0 and "no decode steps" in p.stderr and "nan" not in p.stderr, p.stderr
