@@ -230,6 +230,14 @@ def _first_kernels(m):
 
 
 MANIFEST_TAMPERING = [
+    # found by the fuzzer (tests/test_fuzz_artifact.py): each was a TypeError, KeyError, ValueError or
+    # AttributeError before it was checked
+    ("a tokenizer part without its model", lambda m, art: m["tokenizer"].pop("model"), "manifest tokenizer is damaged"),
+    ("an entry without a name", lambda m, art: m["entries"][0].pop("name"), "manifest entries[0].name is missing"),
+    ("an entry that is no function name", lambda m, art: m["entries"][0].update(name=""), "is not a function name"),
+    ("an entry the kernels lack", lambda m, art: m["entries"][0].update(name="nosuch"), "has no function nosuch"),
+    ("an empty weights file", lambda m, art: (art / "weights.bin").write_bytes(b""), "inside the 0-byte weights file"),
+    ("a null entry", lambda m, art: m["entries"].append(None), "manifest entries[4] should be an object, is NoneType"),
     ("a ../ file name", lambda m, art: m["files"].update({"../escape.bin": "0" * 64}), "not a plain file name"),
     ("a kernels file outside", lambda m, art: m["targets"][0].update(kernels_file="/etc/passwd"), "not a plain file name"),
     ("a symlinked file", lambda m, art: ((art / "weights.bin").rename(art / "w.real"),

@@ -26,7 +26,7 @@ PARAM = {"name": str, "dtype": str, "shape": list, "offset": int, "nbytes": int,
 
 def _typed(where: str, d: Any, schema: dict[str, type], path: Path) -> None:
     if not isinstance(d, dict):
-        raise ArtifactError(f"{path}: manifest {where} should be an object, is {type(d).__name__}")
+        raise ArtifactError(f"{path}: manifest {where.rstrip('.') or 'top level'} should be an object, is {type(d).__name__}")
     for key, want in schema.items():
         if key not in d:
             raise ArtifactError(f"{path}: manifest {where}{key} is missing: the artifact is damaged; recompile it")
