@@ -19,9 +19,15 @@ from synthetic import write_model
 CHILD = Path(__file__).parent / "interrupt_child.py"
 
 
+def _ctrl_c_default() -> None:
+    """In the child before exec: SIGINT back to its default, so Python turns it into KeyboardInterrupt. A suite
+    started in the background by a shell without job control inherits SIGINT ignored, as its children would."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt_after(args: list[str], marker: str, count: int, timeout: float = 600) -> tuple[int, list[str], str]:
     """Start `args`, send SIGINT once `marker` has been printed `count` times; (exit status, stdout lines, stderr)."""
-    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_ctrl_c_default)
     seen, lines = 0, []
     deadline = time.monotonic() + timeout
     for line in p.stdout:
@@ -58,7 +64,7 @@ def small_gguf(tmp_path_factory) -> Path:
 
 def _compile(gguf: Path, out: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "ellm", "compile", str(gguf), "-o", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_ctrl_c_default)
 
 
 def _partials(out: Path) -> list[Path]:
