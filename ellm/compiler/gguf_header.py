@@ -41,17 +41,13 @@ class ValueType(IntEnum):
     FLOAT64 = 12
 
 
-# fixed-size scalars: little-endian NumPy dtype (arrays) and the kind the typed getters check
+# fixed-size scalars: little-endian NumPy dtype (values and arrays alike) and the kind the typed getters check
 _SCALARS = {
     ValueType.UINT8: ("<u1", "int"), ValueType.INT8: ("<i1", "int"), ValueType.UINT16: ("<u2", "int"),
     ValueType.INT16: ("<i2", "int"), ValueType.UINT32: ("<u4", "int"), ValueType.INT32: ("<i4", "int"),
     ValueType.UINT64: ("<u8", "int"), ValueType.INT64: ("<i8", "int"), ValueType.FLOAT32: ("<f4", "float"),
     ValueType.FLOAT64: ("<f8", "float"), ValueType.BOOL: ("<u1", "bool"),
 }
-# the same scalars read one at a time (struct formats)
-_STRUCT = {ValueType.UINT8: "<B", ValueType.INT8: "<b", ValueType.UINT16: "<H", ValueType.INT16: "<h",
-           ValueType.UINT32: "<I", ValueType.INT32: "<i", ValueType.UINT64: "<Q", ValueType.INT64: "<q",
-           ValueType.FLOAT32: "<f", ValueType.FLOAT64: "<d", ValueType.BOOL: "<B"}
 
 
 @dataclass(frozen=True)
@@ -137,7 +133,10 @@ class _Reader:
     def scalar(self, t: ValueType, what: str) -> Any:
         if t is ValueType.STRING:
             return self.string(what)
-        v = self.unpack(_STRUCT[t], what)
+        dtype = np.dtype(_SCALARS[t][0])
+        self.need(dtype.itemsize, what)
+        v = np.frombuffer(self.buf, dtype=dtype, count=1, offset=self.pos)[0].item()
+        self.pos += dtype.itemsize
         return bool(v) if t is ValueType.BOOL else v
 
     def array(self, key: str) -> tuple[ValueType, Any]:
