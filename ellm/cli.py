@@ -432,6 +432,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _quiet_finalizers() -> None:
+    """After Ctrl-C, objects the interrupt cut in half (TVM's TempDirectory interrupted inside its
+    __init__) fail in their __del__ as the traceback is freed; Python would print each as
+    "Exception ignored in ...". The user asked to stop: one line, unless ELLM_DEBUG."""
+    if not os.environ.get("ELLM_DEBUG"):
+        sys.unraisablehook = lambda unraisable: None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:2] == ["tune", "report"]:  # `ellm tune report DB`: the report, not a model named "report"
@@ -443,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
+        _quiet_finalizers()
         print("interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:

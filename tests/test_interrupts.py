@@ -100,6 +100,28 @@ def test_an_interrupted_compile_leaves_no_half_artifact(tmp_path, small_gguf):
     assert (out / "manifest.json").is_file() and not _partials(out)  # the next compile removed the leftover
 
 
+_HALF_BUILT = """
+import argparse, types, ellm.cli as cli
+class Half:  # like TVM's TempDirectory when Ctrl-C lands inside its __init__
+    def __init__(self):
+        raise KeyboardInterrupt
+    def __del__(self):
+        self.temp_dir
+def command(args):
+    Half()
+cli.build_parser = lambda: types.SimpleNamespace(parse_args=lambda argv: argparse.Namespace(func=command))
+raise SystemExit(cli.main([]))
+"""
+
+
+def test_an_interrupt_inside_a_constructor_still_ends_in_one_line():
+    # The clean-clone CI caught this: SIGINT inside TVM's TempDirectory() printed "Exception ignored
+    # in ... AttributeError" after "interrupted" when the half-built object was freed.
+    env = {k: v for k, v in os.environ.items() if k != "ELLM_DEBUG"}
+    p = subprocess.run([sys.executable, "-c", _HALF_BUILT], capture_output=True, text=True, timeout=120, env=env)
+    assert (p.returncode, p.stderr) == (130, "interrupted\n")
+
+
 def test_a_live_writers_temporary_directory_is_left_alone(tmp_path):
     from ellm.fsutil import atomic_directory, clean_stale
 
