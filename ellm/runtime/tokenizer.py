@@ -188,6 +188,7 @@ class Tokenizer:
         self._tok = hf_tokenizer
         self.info = info
         self._lock = threading.Lock()
+        self._template = None  # ChatTemplate, compiled at first use
 
     @classmethod
     def from_gguf(cls, gf) -> Tokenizer:
@@ -263,31 +264,20 @@ class Tokenizer:
         return int(token) in self.info.eog_ids
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """Render the GGUF's chat template (jinja2, sandboxed) for `messages`."""
-        from jinja2 import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        template = self.info.chat_template
-        if not template:
+        """Render the GGUF's chat template (jinja2, sandboxed and bounded: chat_template.py) for `messages`."""
+        if not self.info.chat_template:
             raise GGUFError("this model has no chat template (tokenizer.chat_template)")
+        if self._template is None:  # compiled once; a race between threads compiles it twice, harmlessly
+            from .chat_template import ChatTemplate
 
-        def raise_exception(message):
-            raise TemplateError(message)
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = raise_exception
+            self._template = ChatTemplate(self.info.chat_template)
         names = {i: t for t, i in self.info.specials.items()}
-        try:
-            return env.from_string(template).render(
-                messages=messages,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=names.get(self.info.bos_id, ""),
-                eos_token=names.get(self.info.eos_id, ""),
-            )
-        except TemplateError as e:
-            raise GGUFError(f"chat template failed: {e}") from None
-        except Exception as e:  # the template is the model file's: 1/0, "a" + 1, ... are its errors, not ours
-            raise GGUFError(f"chat template failed: {type(e).__name__}: {e}") from None
+        return self._template.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=names.get(self.info.bos_id, ""),
+            eos_token=names.get(self.info.eos_id, ""),
+        )
 
     def info_json(self) -> str:
         return json.dumps(self.info.to_dict())
