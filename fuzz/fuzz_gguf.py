@@ -13,22 +13,16 @@ import atheris
 from common import fuzz, one_line
 
 with atheris.instrument_imports(include=["ellm"]):
-    from ellm.compiler.gguf_file import GGUFFile
-    from ellm.compiler.import_llama import import_llama
-    from ellm.config import ModelConfig
-    from ellm.runtime.tokenizer import Tokenizer
+    from ellm.compiler.source_model import open_model
 
 PATH = os.path.join(tempfile.mkdtemp(prefix="ellm-fuzz-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None),
                     "case.gguf")
 
 
 def load() -> None:
-    gf = GGUFFile(PATH)
-    cfg = ModelConfig.from_gguf(gf)
-    tok = Tokenizer.from_gguf(gf)
+    tok = open_model(PATH).tokenizer
     if tok.info.chat_template:
         tok.encode_chat([{"role": "user", "content": "hi <|im_end|>"}])
-    import_llama(gf, cfg)
 
 
 def one(data: bytes) -> None:

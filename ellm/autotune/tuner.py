@@ -19,11 +19,10 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from ..compiler.build import CompileOptions, build_graph
-from ..compiler.gguf_file import GGUFFile
 from ..compiler.lower import lower
+from ..compiler.source_model import open_model
 from ..config import ModelConfig
 from ..errors import EllmError
-from ..models import resolve_model
 from ..schedules import KernelRequest, Rule, rule_by_name
 from ..schedules.space import Point, Space
 from ..targets import TargetPreset, detect_host, resolve_target
@@ -151,8 +150,8 @@ def tunable_kernels(model, preset: TargetPreset, compile_options: CompileOptions
 
 def lowered_model(model, preset: TargetPreset, compile_options: CompileOptions):
     """(ModelConfig, graph, [lowered kernel info]) of a model as compile lowers it for `preset`."""
-    gf = GGUFFile(resolve_model(model))
-    cfg = ModelConfig.from_gguf(gf)
+    source = open_model(model)
+    gf, cfg = source.gguf, source.config
     _, g = build_graph(gf, cfg, dataclasses.replace(compile_options, target=preset.name), preset)
     return cfg, g, lower(g, preset, max_chunk=compile_options.max_chunk, prefetch=compile_options.prefetch).kernels
 

@@ -14,19 +14,17 @@ from ..errors import EllmError
 from ..fsutil import atomic_directory
 from ..kv.attention import AttentionConfig
 from ..kv.plan import parse_kv_type
-from ..models import resolve_model
 from ..precision import Budget
 from ..runtime.artifact import TOKENIZER, WEIGHTS
-from ..runtime.tokenizer import Tokenizer
 from ..targets import TargetPreset, resolve_target
 from .artifact import write_manifest, write_weights
 from .compile_target import (TargetBuild, TargetOptions, build_graph, compile_target, kv_store_fields, pass_context,
                              precision_plan)
-from .gguf_file import GGUFFile
 from .lower import ENTRIES, MAX_VERIFY, ParamSpec
 from .pack_weights import pack_params
 from .pass_context import ACTIVATIONS
 from .pipeline import REQUIRED, pass_names
+from .source_model import open_model
 
 __all__ = ["CompileOptions", "CompileReport", "build_graph", "compile_model", "pass_context"]
 
@@ -143,15 +141,10 @@ def compile_model(
     out_dir = Path(out_dir)
     if out_dir.exists() and not force:
         raise EllmError(f"{out_dir} already exists (pass --force to replace it)")
-    model_path = resolve_model(model)
-    gf = GGUFFile(model_path)
-    cfg = ModelConfig.from_gguf(gf)
-    if options.draft_layers is not None:
-        cfg = cfg.first_layers(options.draft_layers)
-        if options.quant_level is None and options.precision is None:
-            # a draft is worth only what it saves: by default everything at 4 bits (the head too)
-            options = replace(options, quant_level=2)
-    tokenizer = Tokenizer.from_gguf(gf)
+    source = open_model(model, first_layers=options.draft_layers)
+    model_path, gf, cfg, tokenizer = source.path, source.gguf, source.config, source.tokenizer
+    if options.draft_layers is not None and options.quant_level is None and options.precision is None:
+        options = replace(options, quant_level=2)  # a draft is worth only what it saves: everything at 4 bits
     presets = options.presets()
     plan = precision_plan(gf, cfg, options, log=log)
     if plan is not None:

@@ -6,14 +6,11 @@ import json
 from collections import defaultdict
 
 
-from ..config import ModelConfig
-from ..models import resolve_model
-from .gguf_file import GGUFFile
 from .graph import Graph, OpKind
-from .import_llama import import_llama
 from ..targets import resolve_target
 from .pass_context import PassContext
 from .pipeline import enabled_passes, run_pipeline
+from .source_model import open_model
 
 
 def weight_bytes_by_type(g: Graph) -> dict[str, dict[str, int]]:
@@ -53,10 +50,8 @@ def inspect_model(model, cache_type_k: str = "auto", cache_type_v: str = "auto",
     from .compile_target import kv_store_fields
     from .pass_context import KVOptions
 
-    path = resolve_model(model)
-    gf = GGUFFile(path)
-    cfg = ModelConfig.from_gguf(gf)
-    g0 = import_llama(gf, cfg)
+    source = open_model(model)
+    path, cfg, g0 = source.path, source.config, source.graph
     pinned, rotate_k = kv_store_fields(kv_store)
     kv_opts = KVOptions(parse_kv_type(cache_type_k), parse_kv_type(cache_type_v), pinned=pinned, rotate_k=rotate_k)
     g = run_pipeline(g0, PassContext(resolve_target("auto"), kv=kv_opts))

@@ -109,21 +109,16 @@ def inspect_precision(model, options, plot_path: str | None = None, as_json: boo
     from dataclasses import replace
 
     from ..compiler.compile_target import precision_plan
-    from ..compiler.gguf_file import GGUFFile
-    from ..compiler.import_llama import import_llama
-    from ..config import ModelConfig
-    from ..models import resolve_model
-    from ..runtime.tokenizer import Tokenizer
+    from ..compiler.source_model import open_model
     from .analysis import load_or_analyse
     from .calibration import Calibration
     from .plan import weight_infos
 
-    gf = GGUFFile(resolve_model(model))
-    cfg = ModelConfig.from_gguf(gf)
-    g0 = import_llama(gf, cfg)
+    source = open_model(model)
+    gf, cfg, g0 = source.gguf, source.config, source.graph
     options = replace(options, precision="auto") if options.quant_level is None else options
     plan = precision_plan(gf, cfg, options, g0, log=log)
-    table = load_or_analyse(gf, cfg, Tokenizer.from_gguf(gf), weight_infos(g0), Calibration.load(options.calibration), log=log)
+    table = load_or_analyse(gf, cfg, source.tokenizer, weight_infos(g0), Calibration.load(options.calibration), log=log)
     if plot_path:
         plot(table, plot_path)
     if as_json:
