@@ -80,6 +80,11 @@ def _refused(template: str, match: str, content: str = "hi", seconds: float = 1.
     ("{{ [0] * 5000000 }}", "value of 5,000,000 items"),
     ("{% set ns = namespace(s='ab') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}", "~ would"),
     ("{% set ns = namespace(s=[1]) %}{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}{% endfor %}", r"\+ would"),
+    ("{% set ns = namespace(s='ab') %}{% for i in range(60) %}{% set ns.s %}{{ ns.s }}{{ ns.s }}{% endset %}"
+     "{% endfor %}", "a block would"),
+    ("{% macro twice(s) %}{{ s }}{{ s }}{% endmacro %}{% set ns = namespace(s='ab') %}"
+     "{% for i in range(60) %}{% set ns.s = twice(ns.s) %}{% endfor %}", "a block would"),
+    ("{{ lipsum(1000000) }}", "'lipsum' is undefined"),
     ("{{ '%1000000000d' % 1 }}", "width of a million or more"),
     ("{{ '{:>1000000000}'.format(1) }}", "width of a million or more"),
     ("{{ '%1000000000s' | format('a') }}", "the filter format with a width of a million or more"),

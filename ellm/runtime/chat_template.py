@@ -60,6 +60,7 @@ class _Bounded(ImmutableSandboxedEnvironment):
         super().__init__(trim_blocks=True, lstrip_blocks=True)
         self._local = threading.local()  # one template, several server threads rendering different messages
         self.filters = {name: self._bounded_filter(name, f) for name, f in self.filters.items()}
+        del self.globals["lipsum"]  # n paragraphs of filler text: no chat template needs it
 
     @property
     def max_len(self) -> int:
@@ -87,6 +88,12 @@ class _Bounded(ImmutableSandboxedEnvironment):
         parts = [str(p) for p in parts]
         self.check_len(sum(map(len, parts)), "~")
         return "".join(parts)
+
+    def concat(self, pieces) -> str:
+        """What a block `{% set x %}...{% endset %}`, a macro or a `caller()` renders (jinja2: "".join)."""
+        pieces = list(pieces)
+        self.check_len(sum(map(len, pieces)), "a block")
+        return "".join(pieces)
 
     def call_binop(self, context, operator: str, left, right):
         if operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1:
