@@ -61,6 +61,15 @@ def test_a_realistic_template_renders_as_jinja2_renders_it(messages, tools):
     assert _render(**v) == expected and "<|im_start|>assistant" in expected
 
 
+def test_what_hugging_faces_renderer_offers_templates():
+    # {% break %} (Command R7B), {% generation %} (assistant masks), tojson without HTML escapes (tool schemas)
+    tpl = ("{% for m in messages %}{% generation %}[{{ m.content }}]{% endgeneration %}"
+           "{% if loop.index > 1 %}{% break %}{% endif %}{% endfor %}{{ tools | tojson }}")
+    text = ChatTemplate(tpl).render(messages=[{"content": c} for c in "abc"], tools={"q": "<é> & 'x'"})
+    assert text == """[a][b]{"q": "<é> & 'x'"}"""
+    assert len(ChatTemplate("{{ strftime_now('%Y-%m-%d') }}").render(messages=[])) == 10
+
+
 def test_the_templates_own_error_is_one_line():
     with pytest.raises(GGUFError, match="chat template failed: unknown role tool"):
         _render(messages=[{"role": "tool", "content": "x"}], add_generation_prompt=True)

@@ -10,6 +10,7 @@ ones (llama.cpp's models/templates) the largest is 16.7 KB and the deepest nests
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import threading
@@ -19,6 +20,7 @@ from functools import wraps
 
 from jinja2 import TemplateError, nodes
 from jinja2.compiler import CodeGenerator
+from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..errors import GGUFError
@@ -50,6 +52,21 @@ class _Codegen(CodeGenerator):
         self.write("))")
 
 
+class _Generation(Extension):
+    """`{% generation %}...{% endgeneration %}`, Hugging Face's marker of the assistant's text: its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        return nodes.Scope(parser.parse_statements(("name:endgeneration",), drop_needle=True), lineno=lineno)
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    """As Hugging Face's renderer has it (models are trained on its output): plain JSON, no HTML escapes."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 class _Bounded(ImmutableSandboxedEnvironment):
     """The immutable sandbox with every way to build a large value from small ones checked before it runs."""
 
@@ -57,7 +74,9 @@ class _Bounded(ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset({"*", "**", "+", "%"})
 
     def __init__(self):
-        super().__init__(trim_blocks=True, lstrip_blocks=True)
+        # the environment Hugging Face's renderer builds: {% break %}/{% continue %}, {% generation %}, its tojson
+        super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _Generation])
+        self.filters["tojson"] = _tojson
         self._local = threading.local()  # one template, several server threads rendering different messages
         self.filters = {name: self._bounded_filter(name, f) for name, f in self.filters.items()}
         del self.globals["lipsum"]  # n paragraphs of filler text: no chat template needs it
@@ -200,7 +219,7 @@ class ChatTemplate:
             raise _failed(e) from None
 
     def render(self, **variables) -> str:
-        text = sum(len(m.get("content") or "") for m in variables.get("messages", ()) if isinstance(m, dict))
+        text = sum(_size(m.get("content")) for m in variables.get("messages", ()) if isinstance(m, dict))
         self.env.max_len = max(MIN_VALUE_LEN, 4 * text)
         out, n = [], 0
         try:
