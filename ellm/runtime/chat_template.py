@@ -2,8 +2,8 @@
 so its size, nesting, running time and the sizes of the values it builds are limited, each excess one line.
 
 jinja2's immutable sandbox already keeps a template away from Python's internals and caps `range`; what it
-leaves open is cost: `10 ** 10 ** 10`, `'x' * 10 ** 12`, a string doubled forty times with `~`, a loop
-nested in a loop over a long message, and (found by the atheris run, fuzz/RUNS.md) a chain of 290 unary `+`
+leaves open is cost: `9 ** 999999999`, `'x' * 10 ** 12`, a string doubled forty times with `~` or a
+block `set`, loops nested twenty deep (compiling them, or running them), and (found by the atheris run, fuzz/RUNS.md) a chain of 290 unary `+`
 that takes jinja2's code generator 5 s. Real templates stay far inside these limits: of 25 popular
 ones (llama.cpp's models/templates) the largest is 16.7 KB and the deepest nests expressions 12 levels.
 """
