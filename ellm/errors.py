@@ -18,6 +18,12 @@ class EllmError(Exception):
         super().__init__(" ".join(str(message).split()))
 
 
+def quoted(value, limit: int = 60) -> str:
+    """Someone's value inside a message: its repr, cut to `limit` characters."""
+    r = repr(value)
+    return r if len(r) <= limit else r[: limit - 3] + "..."
+
+
 class GGUFError(EllmError):
     """The GGUF file is missing, truncated, malformed or uses something unsupported."""
 

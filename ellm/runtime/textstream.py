@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..errors import EllmError
+from ..errors import EllmError, quoted
 
 MAX_STOPS = 16
 MAX_STOP_CHARS = 256
@@ -24,7 +24,7 @@ def check_stops(stops: Sequence[str]) -> tuple[str, ...]:
         raise EllmError(f"at most {MAX_STOPS} stop strings, got {len(stops)}")
     for s in stops:
         if not isinstance(s, str) or not s:
-            raise EllmError(f"a stop string must be a non-empty string, got {s!r}")
+            raise EllmError(f"a stop string must be a non-empty string, got {quoted(s)}")
         if len(s) > MAX_STOP_CHARS:
             raise EllmError(f"a stop string has at most {MAX_STOP_CHARS} characters, got {len(s)}")
     return stops

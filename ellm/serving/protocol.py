@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import EllmError
+from ..errors import EllmError, quoted
 from ..runtime.sampling import SamplingConfig
 from ..runtime.textstream import check_stops
 
@@ -29,6 +29,7 @@ class ApiError(Exception):
 
     def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
                  code: str | None = None, headers: dict[str, str] | None = None):
+        message = " ".join(str(message).split())  # one line, as EllmError's (a client's value may hold newlines)
         super().__init__(message)
         self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
         self.headers = headers or {}
@@ -57,12 +58,17 @@ class GenRequest:
     messages: list[dict[str, str]] = field(default_factory=list)
 
 
+def _shown(key: str) -> str:
+    """A client's key in a message: as sent when it is a plain name, quoted and cut short otherwise."""
+    return key if key.isidentifier() and len(key) <= 40 else quoted(key)
+
+
 def _number(body: dict, key: str, default, lo=-math.inf, hi=math.inf, integer=False):
     v = body.get(key, default)
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
-        raise bad(f"'{key}' must be {'an integer' if integer else 'a number'}, got {str(v)[:40]}", key)
+        raise bad(f"'{key}' must be {'an integer' if integer else 'a number'}, got {quoted(v)}", key)
     if isinstance(v, int) and not -2**63 <= v < 2**63:  # JSON integers are unbounded; floats overflow past 1e308
         raise bad(f"'{key}' is out of range", key)
     if not (math.isfinite(v) and lo <= v <= hi):
@@ -75,10 +81,11 @@ def _content(m: Any, i: int) -> dict[str, str]:
         raise bad(f"messages[{i}] must be an object", "messages")
     role = m.get("role")
     if role not in ("system", "user", "assistant", "developer"):
-        raise bad(f"messages[{i}].role {role!r} is not supported (system, user, assistant)", "messages")
+        raise bad(f"messages[{i}].role {quoted(role)} is not supported (system, user, assistant)", "messages")
     unsupported = set(m) - {"role", "content", "name"}
     if unsupported:
-        raise bad(f"messages[{i}] has unsupported fields: {', '.join(sorted(unsupported))}", "messages")
+        names = ", ".join(map(_shown, sorted(unsupported)[:5]))
+        raise bad(f"messages[{i}] has unsupported fields: {names}", "messages")
     c = m.get("content")
     if isinstance(c, list):  # content parts: text only
         texts = []
@@ -105,12 +112,13 @@ def parse_request(body: Any, chat: bool, tokenizer, model_id: str, ctx_size: int
             allowed = allowed | {key}
     unknown = sorted(set(body) - allowed)
     if unknown:
-        raise bad(f"unsupported parameter{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}", unknown[0])
+        names = ", ".join(map(_shown, unknown[:5])) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        raise bad(f"unsupported parameter{'s' if len(unknown) > 1 else ''}: {names}", _shown(unknown[0]))
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad("'model' is required", "model")
     if model != model_id:
-        raise ApiError(404, f"the model '{model}' does not exist; this server serves '{model_id}'", "model",
+        raise ApiError(404, f"the model {quoted(model)} does not exist; this server serves {model_id!r}", "model",
                        code="model_not_found")
     if _number(body, "n", 1, integer=True) != 1:
         raise bad("only n=1 is supported", "n")
