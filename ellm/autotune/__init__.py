@@ -7,15 +7,28 @@ by `search_kernel` and `tune_model` (tuner.py); every trial lands in a `TuningDa
 A `Landscape` (replay.py) stands in for builder and runner to replay a search on times a sweep measured.
 """
 
-from ..schedules.space import Constraint, Knob, Space
-from .builder import BuildJob, Built, LocalBuilder
-from .cost_model import CostModel
-from .database import TuningDatabase, TuningLookup, TuningRecord
-from .replay import Landscape, best_so_far
-from .rpc import RPCRunner
-from .runner import LocalRunner, Trial
-from .strategies import STRATEGIES, EvolutionarySearch, GridSearch, ModelSearch, RandomSearch, Strategy
-from .tuner import KernelSearch, TuneOptions, search_kernel, tune_model
+import importlib
+
+# name -> the module defining it, imported at first use (PEP 562): every `ellm` command builds the `tune`
+# parser, which lives in this package, and should not import TVM for it
+_WHERE = {
+    "Constraint": "..schedules.space", "Knob": "..schedules.space", "Space": "..schedules.space",
+    "BuildJob": ".builder", "Built": ".builder", "LocalBuilder": ".builder", "CostModel": ".cost_model",
+    "TuningDatabase": ".database", "TuningLookup": ".database", "TuningRecord": ".database",
+    "Landscape": ".replay", "best_so_far": ".replay", "RPCRunner": ".rpc", "LocalRunner": ".runner", "Trial": ".runner",
+    "STRATEGIES": ".strategies", "EvolutionarySearch": ".strategies", "GridSearch": ".strategies",
+    "ModelSearch": ".strategies", "RandomSearch": ".strategies", "Strategy": ".strategies",
+    "KernelSearch": ".tuner", "TuneOptions": ".tuner", "search_kernel": ".tuner", "tune_model": ".tuner",
+}
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "STRATEGIES", "BuildJob", "Built", "Constraint", "CostModel", "EvolutionarySearch", "GridSearch", "KernelSearch", "Knob",

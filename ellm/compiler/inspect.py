@@ -5,11 +5,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
-
 from .graph import Graph, OpKind
-from ..targets import resolve_target
-from .pass_context import PassContext
-from .pipeline import enabled_passes, run_pipeline
 from .source_model import open_model
 
 
@@ -46,11 +42,13 @@ def decode_weight_bytes(g: Graph) -> int:
 
 def inspect_model(model, cache_type_k: str = "auto", cache_type_v: str = "auto", as_json: bool = False,
                   kv_store: str = "protected") -> str:
+    source = open_model(model)  # a bad file is refused before TVM is imported (the passes import it)
     from ..kv.plan import KVPlan, parse_kv_type
+    from ..targets import resolve_target
     from .compile_target import kv_store_fields
-    from .pass_context import KVOptions
+    from .pass_context import KVOptions, PassContext
+    from .pipeline import enabled_passes, run_pipeline
 
-    source = open_model(model)
     path, cfg, g0 = source.path, source.config, source.graph
     pinned, rotate_k = kv_store_fields(kv_store)
     kv_opts = KVOptions(parse_kv_type(cache_type_k), parse_kv_type(cache_type_v), pinned=pinned, rotate_k=rotate_k)
