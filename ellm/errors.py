@@ -5,6 +5,11 @@ from __future__ import annotations
 EXIT_USER_ERROR = 2
 
 
+def one_line(message) -> str:
+    """A message as shown: verbatim, its whitespace runs (newlines included) made single spaces."""
+    return " ".join(str(message).split())
+
+
 class EllmError(Exception):
     """An error caused by the user's input or environment (bad file, wrong CPU, ...).
 
@@ -14,8 +19,7 @@ class EllmError(Exception):
     exit_code = EXIT_USER_ERROR
 
     def __init__(self, message: str):
-        # Messages are shown verbatim on one line.
-        super().__init__(" ".join(str(message).split()))
+        super().__init__(one_line(message))
 
 
 def quoted(value, limit: int = 60) -> str:

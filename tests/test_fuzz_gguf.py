@@ -18,7 +18,6 @@ from synthetic import write_model
 
 from ellm.compiler.source_model import open_model
 
-
 CASES = 5_000 * (10 if EXPLORE else 1)
 CLI_SAMPLES = 6
 

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import EllmError, quoted
+from ..errors import EllmError, one_line, quoted
 from ..runtime.sampling import SamplingConfig
 from ..runtime.textstream import check_stops
 
@@ -29,7 +29,7 @@ class ApiError(Exception):
 
     def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
                  code: str | None = None, headers: dict[str, str] | None = None):
-        message = " ".join(str(message).split())  # one line, as EllmError's (a client's value may hold newlines)
+        message = one_line(message)  # as EllmError's: a client's value may hold newlines
         super().__init__(message)
         self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
         self.headers = headers or {}
@@ -63,6 +63,11 @@ def _shown(key: str) -> str:
     return key if key.isidentifier() and len(key) <= 40 else quoted(key)
 
 
+def _names(keys: list[str]) -> str:
+    """Sorted client keys in a message: the first five shown, the rest counted."""
+    return ", ".join(map(_shown, keys[:5])) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+
+
 def _number(body: dict, key: str, default, lo=-math.inf, hi=math.inf, integer=False):
     v = body.get(key, default)
     if v is None:
@@ -84,8 +89,7 @@ def _content(m: Any, i: int) -> dict[str, str]:
         raise bad(f"messages[{i}].role {quoted(role)} is not supported (system, user, assistant)", "messages")
     unsupported = set(m) - {"role", "content", "name"}
     if unsupported:
-        names = ", ".join(map(_shown, sorted(unsupported)[:5]))
-        raise bad(f"messages[{i}] has unsupported fields: {names}", "messages")
+        raise bad(f"messages[{i}] has unsupported fields: {_names(sorted(unsupported))}", "messages")
     c = m.get("content")
     if isinstance(c, list):  # content parts: text only
         texts = []
@@ -112,8 +116,7 @@ def parse_request(body: Any, chat: bool, tokenizer, model_id: str, ctx_size: int
             allowed = allowed | {key}
     unknown = sorted(set(body) - allowed)
     if unknown:
-        names = ", ".join(map(_shown, unknown[:5])) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
-        raise bad(f"unsupported parameter{'s' if len(unknown) > 1 else ''}: {names}", _shown(unknown[0]))
+        raise bad(f"unsupported parameter{'s' if len(unknown) > 1 else ''}: {_names(unknown)}", _shown(unknown[0]))
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad("'model' is required", "model")
