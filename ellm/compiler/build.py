@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Callable
 
 from .. import __version__
-from ..config import ModelConfig
 from ..errors import EllmError
 from ..fsutil import atomic_directory
 from ..kv.attention import AttentionConfig
@@ -194,7 +193,7 @@ def compile_model(
             # the model this artifact computes: a tensor-parallel rank's slice of its heads and FFN rows
             "config": (options.tensor_parallel.slice_config(cfg) if options.tensor_parallel else cfg).to_dict(),
             # a self-draft: the source's first `layers` of `of` (speculative/drafters.py); None: the whole model
-            "draft": ({"layers": cfg.n_layers, "of": ModelConfig.from_gguf(gf).n_layers}
+            "draft": ({"layers": cfg.n_layers, "of": source.file_layers}
                       if options.draft_layers is not None else None),
             "targets": [b.manifest_entry(options.for_targets(), ids) for b, ids in zip(builds, per_target)],
             "kv_cache": builds[0].kv_plan.to_dict(),

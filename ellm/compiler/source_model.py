@@ -20,6 +20,7 @@ class SourceModel:
     path: Path
     gguf: GGUFFile
     config: ModelConfig  # of the layers kept (all, or a draft's first ones)
+    file_layers: int  # the layers the file holds (a draft keeps the first config.n_layers of them)
     tokenizer: Tokenizer
     graph: Graph  # as imported, before any pass
 
@@ -28,7 +29,6 @@ def open_model(model: str | Path | None, first_layers: int | None = None) -> Sou
     """`model`: a GGUF path, or None for the default model. `first_layers`: keep only these (a draft)."""
     path = resolve_model(model)
     gf = GGUFFile(path)
-    cfg = ModelConfig.from_gguf(gf)
-    if first_layers is not None:
-        cfg = cfg.first_layers(first_layers)
-    return SourceModel(path, gf, cfg, Tokenizer.from_gguf(gf), import_llama(gf, cfg))
+    full = ModelConfig.from_gguf(gf)
+    cfg = full if first_layers is None else full.first_layers(first_layers)
+    return SourceModel(path, gf, cfg, full.n_layers, Tokenizer.from_gguf(gf), import_llama(gf, cfg))

@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import ContextOverflowError, EllmError
 from ..runtime.sampling import Sampler, SamplingConfig
 from ..runtime.limits import context_size
-from ..runtime.state import Emitter, GenerationStats
+from ..runtime.state import Emitter, GenerationStats, decode_until_stop
 from . import ccl, worker
 from .build import read_group
 
@@ -224,16 +224,9 @@ class ParallelEngine:
         logits = self.prefill(ids)
         stats.prefill_s = time.perf_counter() - t0
         t_dec, before = time.perf_counter(), self.traffic()
-        while True:
-            tok = sampler.choose(logits, emit.history)
-            if emit(tok, logits):
-                break
-            if self.n_cached >= self.ctx_size:
-                stats.stop_reason = "context"
-                break
-            logits = self.decode(tok)
-            stats.decode_tokens += 1
-            stats.decode_steps += 1
+        first = sampler.choose(logits, emit.history)
+        if not emit(first, logits):
+            decode_until_stop(self, first, sampler, emit)
         stats.decode_s = time.perf_counter() - t_dec if stats.decode_tokens else 0.0
         self.decode_traffic = self.traffic().since(before)
         return emit.out

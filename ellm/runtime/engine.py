@@ -19,7 +19,7 @@ from .artifact import Artifact
 from .hugepages import huge_arrays
 from .limits import check_context, context_size
 from .rope import rope_table
-from .state import Emitter, GenerationStats, _Cache  # noqa: F401 (GenerationStats: the engine's API)
+from .state import Emitter, GenerationStats, _Cache, decode_until_stop  # noqa: F401 (GenerationStats: the engine's API)
 from .sampling import Sampler, SamplingConfig
 from .threads import set_threads
 from ..numa.placement import NumaOptions, Placement
@@ -369,16 +369,7 @@ class Engine:
                 self._speculate(drafter, first, emit, stats, speculative, sampler, history,
                                 lambda: max_new_tokens - len(out))
             else:
-                tok = first
-                while not stats.stop_reason:
-                    if self.n_cached >= self.ctx_size:
-                        stats.stop_reason = "context"
-                        break
-                    logits = self.decode(tok)
-                    stats.decode_tokens += 1
-                    stats.decode_steps += 1
-                    tok = sampler.choose(logits, history)
-                    emit(tok, logits)
+                decode_until_stop(self, first, sampler, emit)
         stats.decode_s = time.perf_counter() - t_dec if stats.decode_tokens else 0.0
         # the cache holds the prompt and every token but the last, whichever steps produced them
         if self.n_cached > arr.size + len(out) - 1:

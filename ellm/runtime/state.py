@@ -1,5 +1,5 @@
-"""What a generate call reports (GenerationStats), how it records its tokens (Emitter), and what a KV state
-holds (_Cache)."""
+"""What a generate call reports (GenerationStats), how it records its tokens (Emitter), the plain decode loop
+both engines run (decode_until_stop), and what a KV state holds (_Cache)."""
 
 from __future__ import annotations
 
@@ -75,6 +75,21 @@ class Emitter:
         elif len(self.out) >= self.max_new:
             st.stop_reason = "length"
         return bool(st.stop_reason)
+
+
+def decode_until_stop(model, tok: int, sampler, emit: Emitter) -> None:
+    """One-token steps after `tok` (already emitted) until `emit` stops or the context is full. `model`: an
+    engine (decode, n_cached, ctx_size); `sampler`: runtime/sampling.Sampler."""
+    stats = emit.stats
+    while not stats.stop_reason:
+        if model.n_cached >= model.ctx_size:
+            stats.stop_reason = "context"
+            break
+        logits = model.decode(tok)
+        stats.decode_tokens += 1
+        stats.decode_steps += 1
+        tok = sampler.choose(logits, emit.history)
+        emit(tok, logits)
 
 
 @dataclass
