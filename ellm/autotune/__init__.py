@@ -30,8 +30,4 @@ def __getattr__(name: str):
     return value
 
 
-__all__ = [
-    "STRATEGIES", "BuildJob", "Built", "Constraint", "CostModel", "EvolutionarySearch", "GridSearch", "KernelSearch", "Knob",
-    "Landscape", "LocalBuilder", "LocalRunner", "ModelSearch", "RPCRunner", "RandomSearch", "Space", "Strategy", "Trial", "TuneOptions",
-    "TuningDatabase", "TuningLookup", "TuningRecord", "best_so_far", "search_kernel", "tune_model",
-]
+__all__ = sorted(_WHERE)
